@@ -1,0 +1,246 @@
+"""The router: a Ray Serve ingress (FastAPI) speaking the OpenAI API.
+
+Endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (streamed over SSE or not,
+`usage` in both), `/health` (200 only when every pool answers), `/metrics` (Prometheus text).
+Every failure is an OpenAI error body with its HTTP status; nothing reaches a worker before the
+request is fully validated and fits the context window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from splitserve.config import SplitserveConfig
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling
+from splitserve.models import resolve_model_path
+from splitserve.router.dispatch import Dispatcher
+from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
+from splitserve.router.metrics import RouterMetrics
+from splitserve.router.prompts import PromptBuilder
+from splitserve.router.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
+from splitserve.router.responses import Renderer, sse
+
+app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)
+
+
+@app.exception_handler(APIError)
+async def _api_error(_: Request, err: APIError) -> JSONResponse:
+    return err.response()
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    code = "not_found" if err.status_code == 404 else None
+    return APIError(err.status_code, str(err.detail), code=code).response()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it exceeds `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(part)
+    return b"".join(parts)
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.ttft: float | None = None
+
+    def tick(self, chunk: GenerateChunk) -> None:
+        if self.ttft is None and chunk.token_ids:
+            self.ttft = time.perf_counter() - self.start
+
+
+@serve.deployment(name="router", ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class Router:
+    """The HTTP ingress. Holds one deployment handle per pool; stateless across requests."""
+
+    def __init__(self, cfg: SplitserveConfig, pools: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.pools = pools
+        self.dispatcher = Dispatcher(pools)
+        self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
+        self.metrics = RouterMetrics()
+        self.created = int(time.time())
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self) -> JSONResponse:
+        """200 when every pool answers within the health timeout, else 503."""
+        names = list(self.pools)
+        results = await asyncio.gather(
+            *(self._ping(self.pools[n]) for n in names), return_exceptions=True
+        )
+        status = {n: ("ok" if not isinstance(r, BaseException) else repr(r)) for n, r in zip(names, results)}
+        ok = all(v == "ok" for v in status.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "pools": status}, 200 if ok else 503)
+
+    async def _ping(self, handle: Any) -> Any:
+        resp = handle.health.remote()
+        try:
+            return await asyncio.wait_for(resp, self.cfg.router.health_timeout_s)
+        except TimeoutError:
+            resp.cancel()
+            raise TimeoutError("no replica answered") from None
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """Prometheus text exposition of this router replica."""
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models(self) -> JSONResponse:
+        """The served model, OpenAI list format."""
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str) -> JSONResponse:
+        """One model card, or 404."""
+        if model_id != self.cfg.model.name:
+            raise model_not_found(model_id)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.cfg.model.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "splitserve",
+            "max_model_len": self.cfg.model.max_model_len,
+        }
+
+    # ---- generation -----------------------------------------------------------------------
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        """OpenAI completions."""
+        return await self._serve("completions", request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        """OpenAI chat completions."""
+        return await self._serve("chat", request)
+
+    async def _serve(self, endpoint: str, request: Request) -> Response:
+        self.metrics.in_flight.inc()
+        status = 500
+        try:
+            response = await self._handle(endpoint, request)
+            status = response.status_code
+            return response
+        except APIError as err:
+            status = err.status
+            return err.response()
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.observe_request(endpoint, status)
+
+    async def _handle(self, endpoint: str, request: Request) -> Response:
+        body = await read_body(request, self.cfg.router.max_body_bytes)
+        model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+        req = parse_request(body, model)
+        if req.model != self.cfg.model.name:
+            raise model_not_found(req.model)
+        if isinstance(req, ChatCompletionRequest):
+            ids = self.prompts.encode_chat(
+                [{"role": m.role, "content": m.text()} for m in req.messages]
+            )
+            prepared = self.prompts.fit(ids, req.output_limit(), param="messages")
+        else:
+            ids = self.prompts.encode_completion(req.prompt)
+            prepared = self.prompts.fit(ids, req.max_tokens, param="prompt")
+        gen_req = GenerateRequest(
+            request_id=f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+            prompt_token_ids=prepared.token_ids,
+            sampling=Sampling(
+                max_tokens=prepared.max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                seed=req.seed,
+                stop=req.stops(),
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                min_tokens=req.min_tokens,
+                ignore_eos=req.ignore_eos,
+            ),
+        )
+        renderer = Renderer(
+            kind="chat" if endpoint == "chat" else "completion",
+            request_id=gen_req.request_id,
+            model=self.cfg.model.name,
+            prompt_tokens=len(prepared.token_ids),
+            include_usage=req.include_usage,
+            return_token_ids=req.return_token_ids,
+        )
+        if req.stream:
+            return await self._stream(gen_req, renderer)
+        return await self._whole(gen_req, renderer)
+
+    async def _whole(self, gen_req: GenerateRequest, renderer: Renderer) -> JSONResponse:
+        timer = _Timer()
+        async for chunk in self.dispatcher.stream(gen_req):
+            timer.tick(chunk)
+            renderer.add(chunk)
+        self._observe(timer, renderer)
+        return JSONResponse(renderer.whole())
+
+    async def _stream(self, gen_req: GenerateRequest, renderer: Renderer) -> Response:
+        chunks = aiter(self.dispatcher.stream(gen_req))
+        timer = _Timer()
+        # Wait for the first chunk before answering 200, so early failures keep their status.
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise unavailable("The worker ended the request without output.") from None
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                for event in renderer.first_events():
+                    yield event
+                chunk: GenerateChunk | None = first
+                while chunk is not None:
+                    timer.tick(chunk)
+                    renderer.add(chunk)
+                    for event in renderer.chunk_events(chunk):
+                        yield event
+                    chunk = await anext(chunks, None)
+                for event in renderer.last_events():
+                    yield event
+                self._observe(timer, renderer)
+            except APIError as err:
+                yield sse(err.body())
+            finally:
+                await chunks.aclose()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def _observe(self, timer: _Timer, renderer: Renderer) -> None:
+        self.metrics.observe_generation(
+            ttft=timer.ttft,
+            e2e=time.perf_counter() - timer.start,
+            prompt_tokens=renderer.prompt_tokens,
+            output_tokens=len(renderer.token_ids),
+        )

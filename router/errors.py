@@ -1,0 +1,79 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error the client sees as an OpenAI error body with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body (also used inside an SSE `data:` line mid-stream)."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        """The HTTP response."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    """400 invalid_request_error."""
+    return APIError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> APIError:
+    """404, worded as OpenAI words it."""
+    return APIError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def too_large(limit: int) -> APIError:
+    """413 for a body over the configured limit."""
+    return APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
+
+
+def server_error(message: str = "The server had an error while processing your request.") -> APIError:
+    """500 server_error (details go to the log, not to the client)."""
+    return APIError(500, message, type="server_error")
+
+
+def unavailable(message: str, retry_after_s: int = 1) -> APIError:
+    """503 with Retry-After."""
+    return APIError(
+        503,
+        message,
+        type="service_unavailable",
+        headers={"Retry-After": str(retry_after_s)},
+    )

@@ -1,0 +1,194 @@
+"""Deployment config: one YAML file describes a whole splitserve deployment.
+
+The pydantic models here are the user boundary (YAML, CLI flags, later Helm values). They reject
+unknown keys and wrong types with a message that names the key. Everything downstream reads the
+validated, frozen models; nothing re-parses YAML.
+
+    cfg = load_config("deploy.yaml")          # or load_config(None) for the embedded default
+    cfg = cfg.with_overrides(mode="colocated")
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Mode = Literal["disaggregated", "colocated"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class _Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ModelConfig(_Strict):
+    """Which model is served and how the engine loads it."""
+
+    name: str = Field("splitserve-tiny", description="Served model id; clients pass it as `model`.")
+    path: str | None = Field(
+        None,
+        description="Local Hugging Face model directory or hub id. None: the built-in tiny model, "
+        "built on first use.",
+    )
+    max_model_len: int = Field(2048, gt=0, description="Context length (prompt + output tokens).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    seed: int = 0
+
+
+class PoolConfig(_Strict):
+    """One worker pool (prefill or decode): replicas, parallelism and per-engine resources."""
+
+    replicas: int = Field(1, ge=1, le=1024)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    pipeline_parallel_size: int = Field(1, ge=1, le=64)
+    max_num_seqs: int = Field(64, ge=1, description="Concurrent sequences per engine.")
+    kv_cache_gib: int = Field(
+        1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only.")
+
+    @property
+    def ranks(self) -> int:
+        """Engine ranks (processes) per replica: TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class PoolsConfig(_Strict):
+    """The two pools. In colocated mode only `decode` is deployed and does both phases."""
+
+    prefill: PoolConfig = PoolConfig()
+    decode: PoolConfig = PoolConfig()
+
+
+class RouterConfig(_Strict):
+    """The HTTP ingress."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    replicas: int = Field(1, ge=1)
+    max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")
+    request_timeout_s: float = Field(600.0, gt=0)
+    health_timeout_s: float = Field(2.0, gt=0)
+
+
+class SLOConfig(_Strict):
+    """Latency targets the controller sizes the pools against."""
+
+    ttft_ms: float = Field(1000.0, gt=0, description="Time to first token, p90 target.")
+    tpot_ms: float = Field(100.0, gt=0, description="Time per output token, p90 target.")
+
+
+class TenantConfig(_Strict):
+    """A tenant of the API (keys and quotas are enforced by the multi-tenant router)."""
+
+    name: str
+    weight: float = Field(1.0, gt=0)
+
+
+class RayConfig(_Strict):
+    """How `splitserve serve` starts or joins a Ray cluster."""
+
+    address: str | None = Field(None, description="Join this cluster; None: RAY_ADDRESS or local.")
+    num_cpus: int | None = Field(None, ge=1, description="Local cluster only; None: all cores.")
+    object_store_mb: int = Field(256, ge=64, description="Local cluster object store cap.")
+
+
+class SplitserveConfig(_Strict):
+    """A whole deployment: model, mode, pools, router, tenants, SLOs."""
+
+    model: ModelConfig = ModelConfig()
+    mode: Mode = "colocated"
+    device: Device = "auto"
+    pools: PoolsConfig = PoolsConfig()
+    router: RouterConfig = RouterConfig()
+    slo: SLOConfig = SLOConfig()
+    tenants: tuple[TenantConfig, ...] = ()
+    ray: RayConfig = RayConfig()
+
+    @model_validator(mode="after")
+    def _tenant_names_unique(self) -> SplitserveConfig:
+        names = [t.name for t in self.tenants]
+        if len(names) != len(set(names)):
+            raise ValueError(f"tenants: duplicate tenant names in {names}")
+        return self
+
+    def deployed_pools(self) -> dict[str, PoolConfig]:
+        """The pools this mode deploys, by role name."""
+        if self.mode == "colocated":
+            return {"decode": self.pools.decode}
+        return {"prefill": self.pools.prefill, "decode": self.pools.decode}
+
+    def with_overrides(self, **dotted: Any) -> SplitserveConfig:
+        """A copy with `section.key=value` overrides applied (None values are skipped).
+
+        >>> cfg.with_overrides(**{"router.port": 9000, "mode": "colocated"})
+        """
+        data = self.model_dump()
+        for key, value in dotted.items():
+            if value is None:
+                continue
+            *parents, leaf = key.split(".")
+            node = data
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+        return SplitserveConfig.model_validate(data)
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or does not validate; the message names the key."""
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key")
+        else:
+            lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<dict>") -> SplitserveConfig:
+    """Validate a parsed YAML/JSON document; raise ConfigError naming each bad key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {source}: top level must be a mapping")
+    try:
+        return SplitserveConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def default_config_text() -> str:
+    """The embedded default config (used when no file is given)."""
+    return resources.files("splitserve").joinpath("default_config.yaml").read_text()
+
+
+def load_config(path: str | Path | None) -> SplitserveConfig:
+    """Load and validate a config file, or the embedded default when `path` is None."""
+    if path is None:
+        return parse_config(yaml.safe_load(default_config_text()), "<default>")
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config {p}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML in {p}: {err}") from None
+    return parse_config(data, str(p))
+
+
+def dump_config(cfg: SplitserveConfig) -> str:
+    """The effective config as YAML (what `splitserve config show` prints)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

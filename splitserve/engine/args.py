@@ -1,0 +1,106 @@
+"""Pure mapping from the deployment config to one engine's arguments and environment.
+
+Nothing here imports vLLM or Ray: `EngineSpec` is what a worker needs to build its engine, and
+`engine_kwargs` / `engine_env` turn it into `AsyncEngineArgs` keywords and process environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from splitserve.config import SplitserveConfig
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything one worker engine is built from (frozen, picklable, no vLLM types)."""
+
+    role: Role
+    model: str | None  # config's model.path; resolved to a directory by the worker
+    served_name: str
+    max_model_len: int
+    dtype: str
+    seed: int
+    device: Literal["cpu", "cuda"]
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    max_num_seqs: int
+    kv_cache_gib: int
+    gpu_memory_utilization: float
+
+    @property
+    def ranks(self) -> int:
+        """Engine ranks per replica (TP x PP): cores on the CPU, GPUs on CUDA."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def engine_spec(cfg: SplitserveConfig, role: Role, device: Literal["cpu", "cuda"]) -> EngineSpec:
+    """The engine spec of pool `role` under `cfg` on `device`."""
+    pool = cfg.pools.decode if role == "decode" else cfg.pools.prefill
+    dtype = cfg.model.dtype
+    if dtype == "auto" and cfg.model.path is None:
+        # The tiny model is float32; keeping it avoids bf16 ties that make greedy parity flaky.
+        dtype = "float32"
+    return EngineSpec(
+        role=role,
+        model=cfg.model.path,
+        served_name=cfg.model.name,
+        max_model_len=cfg.model.max_model_len,
+        dtype=dtype,
+        seed=cfg.model.seed,
+        device=device,
+        tensor_parallel_size=pool.tensor_parallel_size,
+        pipeline_parallel_size=pool.pipeline_parallel_size,
+        max_num_seqs=pool.max_num_seqs,
+        kv_cache_gib=pool.kv_cache_gib,
+        gpu_memory_utilization=pool.gpu_memory_utilization,
+    )
+
+
+def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
+    """Keyword arguments for `vllm.AsyncEngineArgs`."""
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "served_model_name": spec.served_name,
+        "max_model_len": spec.max_model_len,
+        "dtype": spec.dtype,
+        "seed": spec.seed,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "pipeline_parallel_size": spec.pipeline_parallel_size,
+        "max_num_seqs": spec.max_num_seqs,
+        "enable_prefix_caching": True,
+        "disable_log_stats": False,
+    }
+    if spec.device == "cpu":
+        kwargs["enforce_eager"] = True  # no graph capture on the CPU; starts in seconds
+    else:
+        kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
+    return kwargs
+
+
+def omp_threads_bind(cores: list[int], ranks: int) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for `ranks` ranks over `cores`: disjoint groups joined by '|'.
+
+    >>> omp_threads_bind([2, 3], 2)
+    '2|3'
+    >>> omp_threads_bind([0, 1, 2, 3], 2)
+    '0,1|2,3'
+    """
+    if ranks < 1 or len(cores) < ranks or len(cores) % ranks:
+        raise ValueError(f"cannot split cores {cores} evenly over {ranks} ranks")
+    per = len(cores) // ranks
+    groups = [cores[i * per : (i + 1) * per] for i in range(ranks)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def engine_env(spec: EngineSpec, cores: list[int]) -> dict[str, str]:
+    """Environment the engine process needs (CPU: core binding and KV space)."""
+    if spec.device != "cpu":
+        return {}
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind(cores, spec.ranks),
+        "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib),
+    }

@@ -1,0 +1,139 @@
+"""EngineHost: one vLLM `AsyncLLM` engine inside a Ray Serve replica.
+
+The pool deployments (`splitserve.prefill_workers`, `splitserve.decode_workers`) subclass it.
+Lifecycle: the constructor leases cores (CPU), sets the engine environment and builds the engine;
+Serve routes nothing to the replica until the constructor returns. `check_health` is Serve's
+health hook. `__del__` (called by Serve on graceful shutdown) stops the engine process and
+returns the cores, so no `EngineCore` process outlives its replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+
+import ray
+from ray import serve
+
+from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
+from splitserve.engine.messages import EngineStats, GenerateChunk, GenerateRequest, Sampling
+from splitserve.engine.stats import LatestStats
+from splitserve.models import resolve_model_path
+
+log = logging.getLogger("splitserve.engine")
+
+
+def _replica_name() -> tuple[str, str | None]:
+    """(a unique holder name, 'namespace/actor' of this replica or None outside Serve)."""
+    try:
+        ctx = serve.get_replica_context()
+        holder = f"{ctx.deployment}#{ctx.replica_id.unique_id}"
+    except Exception:  # not inside a Serve replica (direct use in tests)
+        holder = f"pid-{os.getpid()}"
+    rt = ray.get_runtime_context() if ray.is_initialized() else None
+    actor = rt.get_actor_name() if rt is not None else None
+    return holder, (f"{rt.namespace}/{actor}" if actor else None)
+
+
+def to_sampling_params(s: Sampling):  # -> vllm.SamplingParams
+    """Map our validated sampling onto vLLM's, streaming deltas."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        seed=s.seed,
+        stop=list(s.stop) or None,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        min_tokens=s.min_tokens,
+        ignore_eos=s.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class EngineHost:
+    """Owns one engine. Subclasses add the role-specific request methods."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self._holder, actor = _replica_name()
+        self._ledger = None
+        cores: list[int] = []
+        if spec.device == "cpu" and ray.is_initialized():
+            from splitserve.controller.placement import core_ledger
+
+            self._ledger = core_ledger()
+            available = sorted(os.sched_getaffinity(0))
+            cores = ray.get(self._ledger.acquire.remote(self._holder, spec.ranks, available, actor))
+        elif spec.device == "cpu":
+            cores = sorted(os.sched_getaffinity(0))[: spec.ranks]
+        os.environ.update(engine_env(spec, cores))
+        self.cores = cores
+        model_path = resolve_model_path(spec.model)
+        log.info("%s: starting engine on cores %s for %s", self._holder, cores, model_path)
+        self._stats = LatestStats()
+        self.engine = self._build_engine(model_path)
+
+    def _build_engine(self, model_path: str):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(**engine_kwargs(self.spec, model_path))
+        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Run one request to completion, yielding a chunk per engine step.
+
+        Cancelling the consumer aborts the request in the engine (vLLM frees its blocks).
+        """
+        from vllm.inputs import TokensPrompt
+
+        params = to_sampling_params(req.sampling)
+        if req.kv_transfer_params is not None:
+            params.extra_args = {"kv_transfer_params": req.kv_transfer_params}
+        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
+        async for out in self.engine.generate(prompt, params, request_id=req.request_id):
+            comp = out.outputs[0]
+            yield GenerateChunk(
+                token_ids=tuple(comp.token_ids),
+                text=comp.text,
+                finish_reason=comp.finish_reason if out.finished else None,
+                num_prompt_tokens=len(out.prompt_token_ids or ()),
+                num_cached_tokens=out.num_cached_tokens or 0,
+                kv_transfer_params=out.kv_transfer_params if out.finished else None,
+            )
+
+    async def check_health(self) -> None:
+        """Serve's health hook: raises when the engine process is dead."""
+        await self.engine.check_health()
+
+    async def health(self) -> dict:
+        """For the router's /health: raises like check_health, else a short status."""
+        await self.engine.check_health()
+        return {"role": self.spec.role, "replica": self._holder, "cores": self.cores}
+
+    async def stats(self) -> EngineStats:
+        """The latest scheduler snapshot plus the live unfinished-request count."""
+        return self._stats.snapshot(
+            role=self.spec.role,
+            replica=self._holder,
+            num_unfinished=self.engine.get_num_unfinished_requests(),
+        )
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+            self.engine = None
+        ledger = getattr(self, "_ledger", None)
+        if ledger is not None:
+            try:
+                ledger.release.remote(self._holder)
+            except Exception:  # the cluster is going away too
+                pass
+            self._ledger = None

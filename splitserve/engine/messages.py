@@ -1,0 +1,67 @@
+"""Typed messages between the router and the worker pools.
+
+Plain frozen dataclasses (no vLLM types), so the router never imports the engine. They cross
+process boundaries through Ray's serializer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters the router validated; the worker maps them onto vLLM's."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One request as a worker sees it: already tokenized, already checked against the context."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Sampling
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """What a worker yields per engine step: the new tokens and text since the last chunk.
+
+    `finish_reason` is set on the last chunk only ("stop" or "length"); `num_cached_tokens` is
+    the number of prompt tokens served from the prefix cache (or received over KV transfer).
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of one engine's load, for routing, autoscaling and tests."""
+
+    role: str
+    replica: str
+    num_running: int = 0
+    num_waiting: int = 0
+    num_unfinished: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,61 @@
+"""Keeps the latest scheduler statistics of an engine, through vLLM's stat-logger hook."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitserve.engine.messages import EngineStats
+
+
+class LatestStats:
+    """Holds the most recent `SchedulerStats` and running prefix-cache totals.
+
+    `factory` is passed to `AsyncLLM(stat_loggers=[...])`; vLLM calls the logger it builds
+    after every engine step, in the engine's output-handler task (never concurrently).
+    """
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.connector_stats: dict[str, Any] = {}
+
+    def factory(self, vllm_config: Any, engine_index: int = 0):
+        """A vLLM `StatLoggerFactory` bound to this holder."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        holder = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is None:
+                    return
+                holder.scheduler = scheduler_stats
+                pcs = scheduler_stats.prefix_cache_stats
+                holder.prefix_queries += getattr(pcs, "queries", 0)
+                holder.prefix_hits += getattr(pcs, "hits", 0)
+                if scheduler_stats.kv_connector_stats:
+                    holder.connector_stats = dict(scheduler_stats.kv_connector_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Logger(vllm_config, engine_index)
+
+    def snapshot(self, *, role: str, replica: str, num_unfinished: int) -> EngineStats:
+        """An `EngineStats` from the latest step."""
+        s = self.scheduler
+        return EngineStats(
+            role=role,
+            replica=replica,
+            num_running=s.num_running_reqs if s else 0,
+            num_waiting=s.num_waiting_reqs if s else 0,
+            num_unfinished=num_unfinished,
+            kv_cache_usage=s.kv_cache_usage if s else 0.0,
+            prefix_cache_queries=self.prefix_queries,
+            prefix_cache_hits=self.prefix_hits,
+            extra={"kv_connector": self.connector_stats},
+        )
