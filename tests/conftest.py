@@ -1,0 +1,78 @@
+"""Shared test helpers: start a real Ray cluster and a splitserve deployment once per module."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from splitserve.config import SplitserveConfig, load_config
+
+# Two cores on CI: cap Ray's object store and let every engine have one core of its own.
+OBJECT_STORE_BYTES = 128 * 2**20
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base_url: str, timeout_s: float = 300) -> None:
+    """Poll /health until 200 (engines loaded) or fail the test."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{base_url}/health", timeout=5)
+            if r.status_code == 200:
+                return
+            last = r.text
+        except httpx.HTTPError as err:
+            last = repr(err)
+        time.sleep(1)
+    pytest.fail(f"deployment not healthy after {timeout_s}s: {last}")
+
+
+@contextlib.contextmanager
+def running_deployment(cfg: SplitserveConfig) -> Iterator[str]:
+    """Start Ray in this process, deploy `cfg`, yield the base URL; tear everything down after."""
+    import ray
+    from ray import serve
+
+    from splitserve.app import APP_NAME, build_app
+    from splitserve.models import build_tiny_model
+
+    build_tiny_model()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="splitserve-tests",
+    )
+    try:
+        serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
+        serve.run(build_app(cfg, "cpu"), name=APP_NAME, route_prefix="/")
+        base = f"http://{cfg.router.host}:{cfg.router.port}"
+        wait_healthy(base)
+        yield base
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+def test_config(**overrides) -> SplitserveConfig:
+    """The default config on a free port, with dotted overrides."""
+    return load_config(None).with_overrides(**{"router.port": free_port(), **overrides})
+
+
+test_config.__test__ = False  # a helper, not a test

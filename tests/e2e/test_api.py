@@ -1,0 +1,323 @@
+"""The OpenAI API end to end: real Ray Serve router, real vLLM engine, the official `openai` client.
+
+One colocated deployment (one decode worker on one core) is started for the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from splitserve.engine.messages import GenerateRequest, Sampling
+from splitserve.models import build_tiny_model
+from tests.conftest import running_deployment, test_config
+
+pytestmark = pytest.mark.engine
+
+MODEL = "splitserve-tiny"
+MAX_BODY = 64 * 1024
+
+PROMPTS = [
+    "Hello, how are you today?",
+    "The quick brown fox",
+    "Once upon a time there was a little engine",
+    "def main(): return [x * 2 for x in range(10)]",
+    "1 2 3 4 5 6 7 8 9 10",
+    "a",
+    "The mountain river runs cold and clear",
+    "Questions, answers, stories, lists, code",
+    "Ünïcödé tëxt wörks tøø ✓ 🚀",
+    "   leading and trailing spaces   ",
+    "UPPER CASE LETTERS ONLY",
+    "tokens tokens tokens tokens tokens",
+    "Every tenant has a key, a quota, and a fair share",
+    "In the morning the market opens",
+    "What would you like to know about the weather?",
+    "Latency is measured as the time to the first token",
+    "\n\nnew lines\n\n",
+    "The cluster grows when the queues are long",
+    "prefill decode prefill decode",
+    "A serving platform takes requests from many clients " * 20,
+    "Numbers such as 100 1000 appear in logs, prices, dates and counts.",
+    "x" * 300,
+]
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    cfg = test_config(**{"router.max_body_bytes": MAX_BODY})
+    with running_deployment(cfg) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(deployment):
+    return openai.OpenAI(base_url=f"{deployment}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(build_tiny_model())
+
+
+async def _direct(prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy token ids from the decode engine called directly through its Serve handle."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("decode", app_name="splitserve")
+    req = GenerateRequest(
+        request_id=f"direct-{abs(hash(tuple(prompt_ids)))}-{max_tokens}",
+        prompt_token_ids=tuple(prompt_ids),
+        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+    )
+    out: list[int] = []
+    async for chunk in handle.options(stream=True).generate.remote(req):
+        out.extend(chunk.token_ids)
+    return out
+
+
+def _completion_ids(client, prompt, max_tokens=24, **kw):
+    r = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+        extra_body={"return_token_ids": True}, **kw,
+    )
+    return r
+
+
+def test_models_and_health(deployment, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = httpx.get(f"{deployment}/health")
+    assert health.status_code == 200
+    assert health.json()["pools"] == {"decode": "ok"}
+
+
+def test_router_matches_direct_engine(client, tokenizer):
+    for prompt in PROMPTS:
+        r = _completion_ids(client, prompt)
+        got = r.choices[0].model_extra["token_ids"]
+        ids = tokenizer(prompt)["input_ids"]
+        want = asyncio.run(_direct(ids, 24))
+        assert got == want, prompt
+        assert r.usage.prompt_tokens == len(ids)
+        assert r.usage.completion_tokens == len(got) == 24
+
+
+def test_chat_matches_direct_engine(client, tokenizer):
+    for prompt in PROMPTS[:6]:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt}]
+        r = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0,
+            extra_body={"return_token_ids": True},
+        )
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert r.choices[0].model_extra["token_ids"] == asyncio.run(_direct(list(ids), 16))
+        assert r.usage.prompt_tokens == len(ids)
+        assert r.choices[0].message.role == "assistant"
+
+
+def test_different_prompts_give_different_outputs(client):
+    outs = {tuple(_completion_ids(client, p).choices[0].model_extra["token_ids"]) for p in PROMPTS}
+    assert len(outs) == len(PROMPTS)
+    assert all(len(set(o)) > 1 for o in outs)
+
+
+def test_stream_equals_whole_completions(client):
+    for prompt in PROMPTS[:8]:
+        whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0)
+        stream = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, usage, finish = "", None, None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        assert text == whole.choices[0].text
+        assert finish == whole.choices[0].finish_reason == "length"
+        assert usage.model_dump() == whole.usage.model_dump()
+
+
+def test_stream_equals_whole_chat(client):
+    messages = [{"role": "user", "content": "Tell me about the sea"}]
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=20, temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"return_token_ids": True},
+    )
+    text, ids, roles, usage = "", [], [], None
+    for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            roles += [delta.role] if delta.role else []
+            text += delta.content or ""
+            ids += chunk.choices[0].model_extra.get("token_ids") or []
+        else:
+            usage = chunk.usage
+    assert roles == ["assistant"]
+    assert text == whole.choices[0].message.content
+    assert ids == whole.choices[0].model_extra["token_ids"]
+    assert usage.completion_tokens == whole.usage.completion_tokens == 20
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_stream_without_usage_has_no_usage_chunk(client):
+    stream = client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=5, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+
+
+def _assert_error(err: openai.APIStatusError, status: int, param: str | None, code=None):
+    assert err.status_code == status
+    body = err.response.json()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    assert body["message"]
+    assert body["param"] == param
+    if code is not None:
+        assert body["code"] == code
+    return body
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.completions.create(model="gpt-17", prompt="hi", max_tokens=4)
+    body = _assert_error(exc.value, 404, "model", "model_not_found")
+    assert "gpt-17" in body["message"]
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_non_positive_max_tokens_is_400(client, max_tokens):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=max_tokens)
+    _assert_error(exc.value, 400, "max_tokens")
+
+
+def test_prompt_longer_than_context_is_400(client):
+    long_prompt = list(range(10, 500)) * 5  # 2450 token ids > 2048
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=4)
+    body = _assert_error(exc.value, 400, "prompt", "context_length_exceeded")
+    assert "maximum context length is 2048" in body["message"]
+
+
+def test_prompt_plus_max_tokens_over_context_is_400(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2048
+        )
+    _assert_error(exc.value, 400, "messages", "context_length_exceeded")
+
+
+def test_malformed_json_is_400(deployment):
+    r = httpx.post(
+        f"{deployment}/v1/chat/completions", content=b'{"model": "x", ',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "not valid JSON" in r.json()["error"]["message"]
+
+
+def test_body_over_limit_is_413(deployment, client):
+    huge = {"model": MODEL, "prompt": "x" * (MAX_BODY + 10), "max_tokens": 1}
+    r = httpx.post(f"{deployment}/v1/completions", content=json.dumps(huge))
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.completions.create(model=MODEL, prompt="y" * (MAX_BODY + 10), max_tokens=1)
+    _assert_error(exc.value, 413, None, "request_too_large")
+
+
+def test_unknown_parameter_is_400(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL, prompt="hi", extra_body={"bogus": 1})
+    body = _assert_error(exc.value, 400, "bogus")
+    assert "Unrecognized request argument" in body["message"]
+
+
+def test_unsupported_parameter_is_400_not_ignored(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2
+        )
+    _assert_error(exc.value, 400, "n", "unsupported_parameter")
+
+
+def test_unknown_route_is_openai_404(deployment):
+    r = httpx.get(f"{deployment}/v1/nothing-here")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
+
+
+def test_32_concurrent_streams_all_complete(deployment):
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, int]:
+        stream = await client.completions.create(
+            model=MODEL, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=16 + i % 8,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+        )
+        pieces, usage = 0, None
+        async for chunk in stream:
+            pieces += bool(chunk.choices)
+            usage = chunk.usage or usage
+        return usage.completion_tokens, 16 + i % 8
+
+    async def run():
+        async with openai.AsyncOpenAI(
+            base_url=f"{deployment}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
+
+    results = asyncio.run(run())
+    assert [got for got, _ in results] == [want for _, want in results]
+
+
+def test_cancelled_stream_leaves_nothing_running(client):
+    from ray import serve
+
+    stream = client.completions.create(
+        model=MODEL, prompt="cancel me", max_tokens=1500, temperature=0, stream=True
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    handle = serve.get_deployment_handle("decode", app_name="splitserve")
+    for _ in range(50):
+        stats = handle.stats.remote().result()
+        if stats.num_unfinished == 0:
+            break
+        asyncio.run(asyncio.sleep(0.2))
+    assert stats.num_unfinished == 0
+
+
+def test_metrics_count_requests(deployment, client):
+    def count(text: str, status: str) -> float:
+        for line in text.splitlines():
+            if line.startswith("splitserve_requests_total{") and f'status="{status}"' in line \
+                    and 'endpoint="completions"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = httpx.get(f"{deployment}/metrics").text
+    client.completions.create(model=MODEL, prompt="count me", max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    after = httpx.get(f"{deployment}/metrics").text
+    assert count(after, "200") == count(before, "200") + 1
+    assert count(after, "404") == count(before, "404") + 1
+    assert "splitserve_time_to_first_token_seconds_bucket" in after

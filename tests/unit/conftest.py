@@ -1,0 +1,15 @@
+"""Shared fixtures for the fast unit tests (no Ray cluster, no vLLM engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in tiny model, built once per session into a temporary directory."""
+    from splitserve.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

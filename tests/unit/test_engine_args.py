@@ -1,0 +1,102 @@
+"""splitserve.engine.args: config -> engine spec, vLLM kwargs and environment (no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitserve.config import parse_config
+from splitserve.engine.args import engine_env, engine_kwargs, engine_spec, omp_threads_bind
+
+
+@pytest.mark.parametrize(
+    ("cores", "ranks", "expected"),
+    [
+        ([2, 3], 2, "2|3"),
+        ([0, 1, 2, 3], 2, "0,1|2,3"),
+        ([4, 5, 6], 1, "4,5,6"),
+        ([0, 1, 2, 3, 4, 5], 3, "0,1|2,3|4,5"),
+        ([7], 1, "7"),
+    ],
+)
+def test_omp_threads_bind(cores: list[int], ranks: int, expected: str) -> None:
+    assert omp_threads_bind(cores, ranks) == expected
+
+
+@pytest.mark.parametrize(("cores", "ranks"), [([0, 1, 2], 2), ([0], 2), ([], 1), ([0, 1], 0), ([0], -1)])
+def test_omp_threads_bind_errors(cores: list[int], ranks: int) -> None:
+    with pytest.raises(ValueError, match=rf"cannot split cores .* evenly over {ranks} ranks"):
+        omp_threads_bind(cores, ranks)
+
+
+def _cfg(**model):
+    return parse_config(
+        {
+            "model": model,
+            "pools": {
+                "prefill": {"tensor_parallel_size": 2, "max_num_seqs": 8, "kv_cache_gib": 3},
+                "decode": {"pipeline_parallel_size": 2, "max_num_seqs": 32, "gpu_memory_utilization": 0.5},
+            },
+        }
+    )
+
+
+def test_engine_spec_tiny_model_is_float32() -> None:
+    spec = engine_spec(_cfg(), "decode", "cpu")
+    assert spec.dtype == "float32"
+    assert spec.model is None
+    assert spec.served_name == "splitserve-tiny"
+
+
+def test_engine_spec_explicit_path_keeps_auto() -> None:
+    spec = engine_spec(_cfg(path="/models/llama"), "decode", "cuda")
+    assert spec.dtype == "auto"
+    assert spec.model == "/models/llama"
+
+
+def test_engine_spec_explicit_dtype_kept_for_tiny() -> None:
+    assert engine_spec(_cfg(dtype="bfloat16"), "decode", "cpu").dtype == "bfloat16"
+
+
+def test_engine_spec_picks_role_pool() -> None:
+    cfg = _cfg(max_model_len=512, seed=7)
+    pre = engine_spec(cfg, "prefill", "cpu")
+    dec = engine_spec(cfg, "decode", "cpu")
+    assert (pre.role, pre.tensor_parallel_size, pre.pipeline_parallel_size) == ("prefill", 2, 1)
+    assert (pre.max_num_seqs, pre.kv_cache_gib) == (8, 3)
+    assert (dec.role, dec.tensor_parallel_size, dec.pipeline_parallel_size) == ("decode", 1, 2)
+    assert (dec.max_num_seqs, dec.gpu_memory_utilization) == (32, 0.5)
+    assert pre.ranks == 2 and dec.ranks == 2
+    assert pre.max_model_len == 512 and pre.seed == 7
+
+
+def test_engine_kwargs_cpu() -> None:
+    kw = engine_kwargs(engine_spec(_cfg(), "prefill", "cpu"), "/tmp/m")
+    assert kw["enforce_eager"] is True
+    assert "gpu_memory_utilization" not in kw
+    assert kw["model"] == "/tmp/m"
+    assert kw["served_model_name"] == "splitserve-tiny"
+    assert kw["dtype"] == "float32"
+    assert kw["tensor_parallel_size"] == 2
+    assert kw["max_num_seqs"] == 8
+    assert kw["enable_prefix_caching"] is True
+
+
+def test_engine_kwargs_cuda() -> None:
+    kw = engine_kwargs(engine_spec(_cfg(), "decode", "cuda"), "/tmp/m")
+    assert kw["gpu_memory_utilization"] == 0.5
+    assert "enforce_eager" not in kw
+    assert kw["pipeline_parallel_size"] == 2
+
+
+def test_engine_env_cpu() -> None:
+    env = engine_env(engine_spec(_cfg(), "prefill", "cpu"), [4, 5, 6, 7])
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7", "VLLM_CPU_KVCACHE_SPACE": "3"}
+
+
+def test_engine_env_cpu_uneven_cores_raises() -> None:
+    with pytest.raises(ValueError):
+        engine_env(engine_spec(_cfg(), "prefill", "cpu"), [0, 1, 2])
+
+
+def test_engine_env_cuda_is_empty() -> None:
+    assert engine_env(engine_spec(_cfg(), "decode", "cuda"), [0, 1]) == {}
