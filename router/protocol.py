@@ -173,6 +173,8 @@ def _check_supported(req: BaseModel) -> None:
             continue
         if name == "response_format" and value == {"type": "text"}:
             continue
+        if (name == "logprobs" and value is False) or (name == "logit_bias" and value == {}):
+            continue
         if name == "modalities" and value == ["text"]:
             continue
         raise bad_request(
@@ -182,9 +184,25 @@ def _check_supported(req: BaseModel) -> None:
         )
 
 
+def _param_name(loc: tuple[Any, ...]) -> str | None:
+    """`messages[0].content` from a pydantic location, without union-member names like `str`."""
+    fields = {
+        name
+        for m in (CompletionRequest, ChatCompletionRequest, ChatMessage, StreamOptions)
+        for name in m.model_fields
+    }
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif i == 0 or part in fields:
+            out += f".{part}" if out else str(part)
+    return out or None
+
+
 def _validation_error(err: ValidationError) -> APIError:
     first = err.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
+    param = _param_name(first["loc"])
     if first["type"] == "extra_forbidden":
         return bad_request(f"Unrecognized request argument supplied: {param}", param=param)
     if first["type"] == "missing":

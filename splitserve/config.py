@@ -77,6 +77,21 @@ class RouterConfig(_Strict):
     health_timeout_s: float = Field(2.0, gt=0)
 
 
+class DisaggregationConfig(_Strict):
+    """When a request's prefill goes to the prefill pool instead of running on the decode worker.
+
+    A remote prefill costs a fixed handoff (KV transfer setup, a second hop); it pays only for
+    prompts long enough that prefill interferes with other requests' decode steps.
+    """
+
+    min_remote_prompt_tokens: int = Field(
+        64, ge=0, description="Prompts with fewer uncached tokens prefill locally on decode."
+    )
+    max_prefill_queue: int = Field(
+        64, ge=1, description="Above this many prefills in flight, new prompts prefill locally."
+    )
+
+
 class SLOConfig(_Strict):
     """Latency targets the controller sizes the pools against."""
 
@@ -107,6 +122,7 @@ class SplitserveConfig(_Strict):
     device: Device = "auto"
     pools: PoolsConfig = PoolsConfig()
     router: RouterConfig = RouterConfig()
+    disaggregation: DisaggregationConfig = DisaggregationConfig()
     slo: SLOConfig = SLOConfig()
     tenants: tuple[TenantConfig, ...] = ()
     ray: RayConfig = RayConfig()
@@ -136,9 +152,11 @@ class SplitserveConfig(_Strict):
             *parents, leaf = key.split(".")
             node = data
             for p in parents:
+                if not isinstance(node.get(p), dict):
+                    raise ConfigError(f"invalid override {key}: no config section {p!r}")
                 node = node[p]
             node[leaf] = value
-        return SplitserveConfig.model_validate(data)
+        return parse_config(data, "(with overrides)")
 
 
 class ConfigError(ValueError):

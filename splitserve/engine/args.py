@@ -30,6 +30,8 @@ class EngineSpec:
     max_num_seqs: int
     kv_cache_gib: int
     gpu_memory_utilization: float
+    kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
+    kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
 
     @property
     def ranks(self) -> int:
@@ -37,8 +39,17 @@ class EngineSpec:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
-def engine_spec(cfg: SplitserveConfig, role: Role, device: Literal["cpu", "cuda"]) -> EngineSpec:
-    """The engine spec of pool `role` under `cfg` on `device`."""
+def engine_spec(
+    cfg: SplitserveConfig,
+    role: Role,
+    device: Literal["cpu", "cuda"],
+    *,
+    kv_host: str | None = None,
+) -> EngineSpec:
+    """The engine spec of pool `role` under `cfg` on `device`.
+
+    `kv_host` is the NIXL side-channel address (127.0.0.1 for a single-machine cluster).
+    """
     pool = cfg.pools.decode if role == "decode" else cfg.pools.prefill
     dtype = cfg.model.dtype
     if dtype == "auto" and cfg.model.path is None:
@@ -57,6 +68,8 @@ def engine_spec(cfg: SplitserveConfig, role: Role, device: Literal["cpu", "cuda"
         max_num_seqs=pool.max_num_seqs,
         kv_cache_gib=pool.kv_cache_gib,
         gpu_memory_utilization=pool.gpu_memory_utilization,
+        kv_transfer=cfg.mode == "disaggregated",
+        kv_host=kv_host,
     )
 
 

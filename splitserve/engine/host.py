@@ -19,6 +19,7 @@ from ray import serve
 from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
 from splitserve.engine.messages import EngineStats, GenerateChunk, GenerateRequest, Sampling
 from splitserve.engine.stats import LatestStats
+from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.models import resolve_model_path
 
 log = logging.getLogger("splitserve.engine")
@@ -74,16 +75,27 @@ class EngineHost:
             cores = sorted(os.sched_getaffinity(0))[: spec.ranks]
         os.environ.update(engine_env(spec, cores))
         self.cores = cores
+        self.engine_id = f"{spec.role}-{self._holder.split('#')[-1]}"
+        if spec.kv_transfer:
+            host = spec.kv_host or ray.util.get_node_ip_address()
+            port = free_port_block(host, spec.tensor_parallel_size)
+            os.environ.update(nixl_env(host, port))
         model_path = resolve_model_path(spec.model)
         log.info("%s: starting engine on cores %s for %s", self._holder, cores, model_path)
         self._stats = LatestStats()
         self.engine = self._build_engine(model_path)
 
     def _build_engine(self, model_path: str):
+        from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**engine_kwargs(self.spec, model_path))
+        kwargs = engine_kwargs(self.spec, model_path)
+        if self.spec.kv_transfer:
+            kwargs["kv_transfer_config"] = KVTransferConfig(
+                **nixl_transfer_config(self.engine_id, self.spec.device)
+            )
+        args = AsyncEngineArgs(**kwargs)
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:

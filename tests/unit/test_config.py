@@ -116,12 +116,6 @@ def test_with_overrides_skips_none() -> None:
     assert base.router.host == "127.0.0.1"  # the original is untouched
 
 
-@pytest.mark.xfail(
-    reason="with_overrides validates with SplitserveConfig.model_validate, so a bad override "
-    "raises pydantic.ValidationError, not ConfigError; the CLI (which only catches ConfigError) "
-    "then dies with a traceback on e.g. `splitserve serve --port 0`",
-    strict=True,
-)
 def test_with_overrides_invalid_value_is_config_error() -> None:
     with pytest.raises(ConfigError, match="router.port"):
         load_config(None).with_overrides(**{"router.port": 0})

@@ -1,0 +1,75 @@
+"""`splitserve serve` as a user runs it: start, answer with the `openai` client, stop on SIGTERM,
+leave no Ray or vLLM process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+import psutil
+import pytest
+
+from tests.conftest import free_port, wait_healthy
+
+pytestmark = pytest.mark.engine
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    out = {}
+    for p in procs:
+        try:
+            out[p.pid] = f"{p.name()} {' '.join(p.cmdline())[:200]}"
+        except psutil.Error:
+            pass
+    return out
+
+
+def _alive(pids: dict[int, str]) -> dict[int, str]:
+    alive = {}
+    for pid, name in pids.items():
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive[pid] = name
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_serve_answers_then_stops_cleanly(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitserve.cli", "serve", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(
+            model="splitserve-tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+        )
+        assert r.usage.completion_tokens == 8
+        tree = _descendants(proc.pid)
+        names = " ".join(tree.values())
+        assert "raylet" in names and "EngineCore" in names, names
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        deadline = time.monotonic() + 30
+        while _alive(tree) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _alive(tree) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.seek(0)
+        output = log.read()
+    assert "splitserve ready: http://127.0.0.1" in output
+    assert "splitserve: stopped" in output

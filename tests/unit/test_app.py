@@ -1,0 +1,53 @@
+"""splitserve.app: device resolution and per-pool Ray Serve options (pure, no Ray cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitserve.app import pool_deployment_options, resolve_device
+from splitserve.config import parse_config
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "expected"),
+    [("auto", 0, "cpu"), ("auto", 0.0, "cpu"), ("auto", 2, "cuda"), ("auto", 0.5, "cuda"),
+     ("cpu", 8, "cpu"), ("cuda", 0, "cuda")],
+)
+def test_resolve_device(device: str, gpus: float, expected: str) -> None:
+    assert resolve_device(parse_config({"device": device}), gpus) == expected
+
+
+def _cfg(mode: str):
+    return parse_config(
+        {
+            "mode": mode,
+            "pools": {
+                "prefill": {"replicas": 2, "tensor_parallel_size": 2, "max_num_seqs": 8},
+                "decode": {"replicas": 3, "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
+                           "max_num_seqs": 16},
+            },
+        }
+    )
+
+
+def test_cpu_options() -> None:
+    opts = pool_deployment_options(_cfg("disaggregated"), "decode", "cpu")
+    assert opts["name"] == "decode"
+    assert opts["num_replicas"] == 3
+    assert opts["ray_actor_options"] == {"num_cpus": 4}
+    assert opts["max_ongoing_requests"] == 32
+
+
+def test_cuda_options() -> None:
+    opts = pool_deployment_options(_cfg("disaggregated"), "prefill", "cuda")
+    assert opts["name"] == "prefill"
+    assert opts["num_replicas"] == 2
+    assert opts["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 2}
+    assert opts["max_ongoing_requests"] == 16
+
+
+def test_colocated_has_no_prefill_pool() -> None:
+    cfg = _cfg("colocated")
+    assert pool_deployment_options(cfg, "decode", "cpu")["num_replicas"] == 3
+    with pytest.raises(KeyError):
+        pool_deployment_options(cfg, "prefill", "cpu")
