@@ -79,9 +79,9 @@ class Router:
     def __init__(self, cfg: SplitserveConfig, pools: dict[str, Any]) -> None:
         self.cfg = cfg
         self.pools = pools
-        self.dispatcher = Dispatcher(pools)
-        self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
         self.metrics = RouterMetrics()
+        self.dispatcher = Dispatcher(pools, cfg.disaggregation, self.metrics)
+        self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
         self.created = int(time.time())
 
     # ---- plumbing -------------------------------------------------------------------------

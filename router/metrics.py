@@ -40,6 +40,15 @@ class RouterMetrics:
             "splitserve_generation_tokens", "Generated tokens.", registry=r
         )
 
+        self.disagg_decisions = Counter(
+            "splitserve_disagg_decisions", "Conditional disaggregation: where prefill ran.",
+            ["path"], registry=r,
+        )
+        self.prefill_fallbacks = Counter(
+            "splitserve_prefill_fallbacks",
+            "Remote prefills that failed and were redone on the decode worker.", registry=r,
+        )
+
     def observe_request(self, endpoint: str, status: int) -> None:
         """Count a finished request (any outcome)."""
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()

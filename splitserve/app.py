@@ -36,8 +36,14 @@ def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) ->
     }
 
 
-def build_app(cfg: SplitserveConfig, device: Device) -> serve.Application:
-    """The application graph: one deployment per deployed pool, the router in front."""
+def build_app(
+    cfg: SplitserveConfig, device: Device, *, kv_host: str | None = None
+) -> serve.Application:
+    """The application graph: one deployment per deployed pool, the router in front.
+
+    `kv_host`: NIXL side-channel address; 127.0.0.1 on a one-machine cluster, None (each node's
+    own IP) on a multi-node one.
+    """
     from splitserve.decode_workers import DecodeWorker
     from splitserve.prefill_workers import PrefillWorker
     from splitserve.router.app import Router
@@ -46,7 +52,7 @@ def build_app(cfg: SplitserveConfig, device: Device) -> serve.Application:
     pools = {
         role: classes[role]
         .options(**pool_deployment_options(cfg, role, device))
-        .bind(engine_spec(cfg, role, device))
+        .bind(engine_spec(cfg, role, device, kv_host=kv_host))
         for role in cfg.deployed_pools()
     }
     router = Router.options(num_replicas=cfg.router.replicas, max_ongoing_requests=4096)

@@ -85,7 +85,10 @@ class DisaggregationConfig(_Strict):
     """
 
     min_remote_prompt_tokens: int = Field(
-        64, ge=0, description="Prompts with fewer uncached tokens prefill locally on decode."
+        128,
+        ge=0,
+        description="Prompts with fewer uncached tokens prefill locally on decode. The default is "
+        "one CPU KV block: NIXL moves whole blocks, so a shorter prompt would move nothing.",
     )
     max_prefill_queue: int = Field(
         64, ge=1, description="Above this many prefills in flight, new prompts prefill locally."
@@ -118,7 +121,7 @@ class SplitserveConfig(_Strict):
     """A whole deployment: model, mode, pools, router, tenants, SLOs."""
 
     model: ModelConfig = ModelConfig()
-    mode: Mode = "colocated"
+    mode: Mode = "disaggregated"
     device: Device = "auto"
     pools: PoolsConfig = PoolsConfig()
     router: RouterConfig = RouterConfig()

@@ -72,7 +72,8 @@ def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
     from ray import serve
 
     serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
-    app = build_app(cfg, session.device)  # type: ignore[arg-type]
+    kv_host = "127.0.0.1" if session.started_local_ray else None
+    app = build_app(cfg, session.device, kv_host=kv_host)  # type: ignore[arg-type]
     failure: list[BaseException] = []
 
     def run() -> None:

@@ -60,7 +60,7 @@ def running_deployment(cfg: SplitserveConfig) -> Iterator[str]:
     )
     try:
         serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
-        serve.run(build_app(cfg, "cpu"), name=APP_NAME, route_prefix="/")
+        serve.run(build_app(cfg, "cpu", kv_host="127.0.0.1"), name=APP_NAME, route_prefix="/")
         base = f"http://{cfg.router.host}:{cfg.router.port}"
         wait_healthy(base)
         yield base

@@ -6,7 +6,7 @@ process boundaries through Ray's serializer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -64,4 +64,6 @@ class EngineStats:
     kv_cache_usage: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    kv_transfers: int = 0  # KV pulls this engine completed (decode side)
+    kv_bytes_received: int = 0
+    kv_transfer_failures: int = 0

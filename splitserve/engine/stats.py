@@ -18,7 +18,9 @@ class LatestStats:
         self.scheduler: Any = None
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self.connector_stats: dict[str, Any] = {}
+        self.kv_transfers = 0
+        self.kv_bytes = 0
+        self.kv_failures = 0
 
     def factory(self, vllm_config: Any, engine_index: int = 0):
         """A vLLM `StatLoggerFactory` bound to this holder."""
@@ -37,13 +39,19 @@ class LatestStats:
                 pcs = scheduler_stats.prefix_cache_stats
                 holder.prefix_queries += getattr(pcs, "queries", 0)
                 holder.prefix_hits += getattr(pcs, "hits", 0)
-                if scheduler_stats.kv_connector_stats:
-                    holder.connector_stats = dict(scheduler_stats.kv_connector_stats)
+                holder.add_connector_stats(scheduler_stats.kv_connector_stats or {})
 
             def log_engine_initialized(self) -> None:
                 pass
 
         return _Logger(vllm_config, engine_index)
+
+    def add_connector_stats(self, stats: dict[str, Any]) -> None:
+        """Accumulate one step's NIXL connector stats (vLLM resets them every step)."""
+        self.kv_transfers += len(stats.get("transfer_duration", ()))
+        self.kv_bytes += int(sum(stats.get("bytes_transferred", ())))
+        for key in ("num_failed_transfers", "num_failed_handshakes", "num_kv_expired_reqs"):
+            self.kv_failures += len(stats.get(key, ()))
 
     def snapshot(self, *, role: str, replica: str, num_unfinished: int) -> EngineStats:
         """An `EngineStats` from the latest step."""
@@ -57,5 +65,7 @@ class LatestStats:
             kv_cache_usage=s.kv_cache_usage if s else 0.0,
             prefix_cache_queries=self.prefix_queries,
             prefix_cache_hits=self.prefix_hits,
-            extra={"kv_connector": self.connector_stats},
+            kv_transfers=self.kv_transfers,
+            kv_bytes_received=self.kv_bytes,
+            kv_transfer_failures=self.kv_failures,
         )

@@ -50,7 +50,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def deployment():
-    cfg = test_config(**{"router.max_body_bytes": MAX_BODY})
+    cfg = test_config(**{"router.max_body_bytes": MAX_BODY, "mode": "colocated"})
     with running_deployment(cfg) as base:
         yield base
 

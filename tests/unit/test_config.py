@@ -21,7 +21,9 @@ def test_default_config_loads() -> None:
     assert cfg.model.name == "splitserve-tiny"
     assert cfg.model.path is None
     assert cfg.model.max_model_len == 2048
-    assert cfg.mode == "colocated"
+    assert cfg.mode == "disaggregated"
+    assert cfg.deployed_pools().keys() == {"prefill", "decode"}
+    assert cfg.disaggregation.min_remote_prompt_tokens == 128
     assert cfg.device == "auto"
     assert cfg.router.host == "127.0.0.1"
     assert cfg.router.port == 8000
@@ -111,7 +113,7 @@ def test_with_overrides_skips_none() -> None:
     base = load_config(None)
     cfg = base.with_overrides(**{"router.port": None, "mode": None, "router.host": "0.0.0.0"})
     assert cfg.router.port == 8000
-    assert cfg.mode == "colocated"
+    assert cfg.mode == "disaggregated"
     assert cfg.router.host == "0.0.0.0"
     assert base.router.host == "127.0.0.1"  # the original is untouched
 
@@ -191,3 +193,8 @@ def test_missing_file_names_path(tmp_path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(p)
     assert str(exc.value) == f"cannot read config {p}: No such file or directory"
+
+
+def test_embedded_default_yaml_equals_model_defaults() -> None:
+    # the YAML users copy must describe exactly what runs when no file is given
+    assert load_config(None) == SplitserveConfig()
