@@ -41,7 +41,7 @@ def wait_healthy(base_url: str, timeout_s: float = 300) -> None:
 
 
 @contextlib.contextmanager
-def running_deployment(cfg: SplitserveConfig) -> Iterator[str]:
+def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[str]:
     """Start Ray in this process, deploy `cfg`, yield the base URL; tear everything down after."""
     import ray
     from ray import serve
@@ -52,7 +52,7 @@ def running_deployment(cfg: SplitserveConfig) -> Iterator[str]:
     build_tiny_model()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(
-        num_cpus=2,
+        num_cpus=2 if device == "cpu" else None,
         object_store_memory=OBJECT_STORE_BYTES,
         include_dashboard=False,
         log_to_driver=False,
@@ -60,7 +60,7 @@ def running_deployment(cfg: SplitserveConfig) -> Iterator[str]:
     )
     try:
         serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
-        serve.run(build_app(cfg, "cpu", kv_host="127.0.0.1"), name=APP_NAME, route_prefix="/")
+        serve.run(build_app(cfg, device, kv_host="127.0.0.1"), name=APP_NAME, route_prefix="/")
         base = f"http://{cfg.router.host}:{cfg.router.port}"
         wait_healthy(base)
         yield base
