@@ -1,1 +1,13 @@
-"""KV-cache handoff between prefill and decode workers (NIXL)."""
+"""KV-cache handoff between prefill and decode workers (NIXL): the handoff protocol object,
+per-replica connector configuration, and the deploy-time compatibility check."""
+
+from splitserve.kv_transfer.compat import CompatibilityError, check_pd_compatible
+from splitserve.kv_transfer.handoff import HandoffError, KVHandoff, prefill_request_params
+
+__all__ = [
+    "CompatibilityError",
+    "HandoffError",
+    "KVHandoff",
+    "check_pd_compatible",
+    "prefill_request_params",
+]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from ray import serve
 
 from splitserve.config import SplitserveConfig
-from splitserve.engine.args import engine_spec
+from splitserve.engine.args import EngineSpec, engine_spec
+from splitserve.kv_transfer.compat import check_pd_compatible, read_model_shape
+from splitserve.models import resolve_model_path
 
 APP_NAME = "splitserve"
 Device = Literal["cpu", "cuda"]
@@ -36,6 +39,13 @@ def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) ->
     }
 
 
+def check_compatible(cfg: SplitserveConfig, specs: dict[str, EngineSpec]) -> None:
+    """Deploy-time P/D check (raises `CompatibilityError` before any engine starts)."""
+    local = cfg.model.path is None or Path(cfg.model.path).expanduser().exists()
+    shape = read_model_shape(resolve_model_path(cfg.model.path)) if local else None
+    check_pd_compatible(specs["prefill"], specs["decode"], shape)
+
+
 def build_app(
     cfg: SplitserveConfig, device: Device, *, kv_host: str | None = None
 ) -> serve.Application:
@@ -48,12 +58,13 @@ def build_app(
     from splitserve.prefill_workers import PrefillWorker
     from splitserve.router.app import Router
 
+    specs = {role: engine_spec(cfg, role, device, kv_host=kv_host) for role in cfg.deployed_pools()}
+    if cfg.mode == "disaggregated":
+        check_compatible(cfg, specs)
     classes = {"prefill": PrefillWorker, "decode": DecodeWorker}
     pools = {
-        role: classes[role]
-        .options(**pool_deployment_options(cfg, role, device))
-        .bind(engine_spec(cfg, role, device, kv_host=kv_host))
-        for role in cfg.deployed_pools()
+        role: classes[role].options(**pool_deployment_options(cfg, role, device)).bind(spec)
+        for role, spec in specs.items()
     }
     router = Router.options(num_replicas=cfg.router.replicas, max_ongoing_requests=4096)
     return router.bind(cfg, pools)

@@ -52,6 +52,8 @@ class PoolConfig(_Strict):
         1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only.")
+    block_size: int | None = Field(None, ge=1, description="KV block size; None: engine default.")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
 
     @property
     def ranks(self) -> int:

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from splitserve.app import APP_NAME, build_app, resolve_device
 from splitserve.config import SplitserveConfig
+from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
 
 POLL_S = 0.5
@@ -148,7 +149,7 @@ def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-    except LaunchError as err:
+    except (LaunchError, CompatibilityError) as err:
         console.print(f"splitserve: {err}", style="bold red")
         return 1
     finally:

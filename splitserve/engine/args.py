@@ -30,6 +30,8 @@ class EngineSpec:
     max_num_seqs: int
     kv_cache_gib: int
     gpu_memory_utilization: float
+    block_size: int | None = None
+    kv_cache_dtype: str = "auto"
     kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
 
@@ -68,6 +70,8 @@ def engine_spec(
         max_num_seqs=pool.max_num_seqs,
         kv_cache_gib=pool.kv_cache_gib,
         gpu_memory_utilization=pool.gpu_memory_utilization,
+        block_size=pool.block_size,
+        kv_cache_dtype=pool.kv_cache_dtype,
         kv_transfer=cfg.mode == "disaggregated",
         kv_host=kv_host,
     )
@@ -86,7 +90,10 @@ def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
         "max_num_seqs": spec.max_num_seqs,
         "enable_prefix_caching": True,
         "disable_log_stats": False,
+        "kv_cache_dtype": spec.kv_cache_dtype,
     }
+    if spec.block_size is not None:
+        kwargs["block_size"] = spec.block_size
     if spec.device == "cpu":
         kwargs["enforce_eager"] = True  # no graph capture on the CPU; starts in seconds
     else:

@@ -137,6 +137,10 @@ class EngineHost:
             num_unfinished=self.engine.get_num_unfinished_requests(),
         )
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drop this engine's cached prefix blocks (benchmarks and parity tests use it)."""
+        return await self.engine.reset_prefix_cache()
+
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:

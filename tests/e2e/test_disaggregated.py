@@ -51,8 +51,13 @@ def _stats(pool: str):
 
 
 async def _local(prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """The decode engine run directly, prefilling locally: the colocated reference."""
+    """The decode engine run directly, prefilling locally: the colocated reference.
+
+    The decode engine's prefix cache is dropped first, or it would reuse the KV that NIXL just
+    delivered for the same prompt and the comparison would prove nothing.
+    """
     handle = serve.get_deployment_handle("decode", app_name="splitserve")
+    await handle.reset_prefix_cache.remote()
     req = GenerateRequest(
         request_id=f"ref-{abs(hash(tuple(prompt_ids)))}",
         prompt_token_ids=tuple(prompt_ids),
@@ -143,3 +148,50 @@ def test_concurrent_disaggregated_requests_leave_no_request_behind(deployment):
     assert all(r.usage.completion_tokens == 12 for r in results)
     for pool in ("prefill", "decode"):
         assert _stats(pool).num_unfinished == 0
+
+
+def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
+    """50 prompts from 1 token to near the 2048 context, streamed and not, 16 requests in flight:
+    the disaggregated path's greedy tokens equal the decode engine's own (colocated) run."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    lengths = np.linspace(1, 2040, 50).astype(int)
+    prompts = [rng.integers(10, 500, n).tolist() for n in lengths]
+    max_tokens = 8
+
+    async def one(c, sem, ids, stream):
+        async with sem:
+            if not stream:
+                r = await c.completions.create(
+                    model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0,
+                    extra_body={"return_token_ids": True},
+                )
+                return r.choices[0].model_extra["token_ids"]
+            got = []
+            s = await c.completions.create(
+                model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0, stream=True,
+                extra_body={"return_token_ids": True},
+            )
+            async for chunk in s:
+                if chunk.choices:
+                    got += chunk.choices[0].model_extra.get("token_ids") or []
+            return got
+
+    async def run():
+        sem = asyncio.Semaphore(16)
+        async with openai.AsyncOpenAI(
+            base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=600
+        ) as c:
+            return await asyncio.gather(*(
+                one(c, sem, ids, stream) for stream in (False, True) for ids in prompts
+            ))
+
+    before = _decisions(deployment)
+    outputs = asyncio.run(run())
+    after = _decisions(deployment)
+    reference = [asyncio.run(_local(ids, max_tokens)) for ids in prompts]
+    assert outputs[:50] == reference
+    assert outputs[50:] == reference
+    remote = after.get("remote", 0) - before.get("remote", 0)
+    assert remote == 2 * sum(n >= THRESHOLD for n in lengths)

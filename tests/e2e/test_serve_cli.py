@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import free_port, wait_healthy
 
-pytestmark = pytest.mark.engine
+
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -43,6 +43,7 @@ def _alive(pids: dict[int, str]) -> dict[int, str]:
     return alive
 
 
+@pytest.mark.engine
 def test_serve_answers_then_stops_cleanly(tmp_path):
     port = free_port()
     log = open(tmp_path / "serve.log", "w+")
@@ -73,3 +74,30 @@ def test_serve_answers_then_stops_cleanly(tmp_path):
         output = log.read()
     assert "splitserve ready: http://127.0.0.1" in output
     assert "splitserve: stopped" in output
+
+
+def test_incompatible_pools_fail_at_deploy_time(tmp_path):
+    """A P/D mismatch stops `serve` before any engine starts, with a message naming both sides."""
+    cfg = tmp_path / "mismatch.yaml"
+    cfg.write_text("pools:\n  prefill: {block_size: 128}\n  decode: {block_size: 256}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg), "--port", str(free_port())],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "RAY_ADDRESS": "",
+                                                         "COLUMNS": "400"},
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    flat = " ".join(out.stdout.split())
+    assert "different KV block sizes" in flat
+    assert "block_size=128" in flat and "block_size=256" in flat
+    assert "splitserve: stopped" in flat
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("router:\n  prot: 80\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2
+    assert "router.prot: unknown key" in out.stderr
