@@ -195,3 +195,46 @@ def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
     assert outputs[50:] == reference
     remote = after.get("remote", 0) - before.get("remote", 0)
     assert remote == 2 * sum(n >= THRESHOLD for n in lengths)
+
+
+def test_mixed_load_with_cancellations_frees_everything(deployment):
+    """64 requests of mixed lengths, every fourth cancelled by the client mid-stream: the others
+    complete with exact token counts, and afterwards neither pool holds a request or KV block."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(16, 1800, 64)
+
+    async def one(c, i, n):
+        stream = await c.completions.create(
+            model=MODEL, prompt=rng.integers(10, 500, n).tolist(), max_tokens=24,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+        )
+        usage, pieces = None, 0
+        async for chunk in stream:
+            pieces += bool(chunk.choices)
+            usage = chunk.usage or usage
+            if i % 4 == 0 and pieces == 3:
+                await stream.close()  # the client walks away mid-stream
+                return None
+        return usage.completion_tokens
+
+    async def run():
+        async with openai.AsyncOpenAI(
+            base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=600
+        ) as c:
+            return await asyncio.gather(*(one(c, i, int(n)) for i, n in enumerate(lengths)))
+
+    results = asyncio.run(run())
+    assert [r for i, r in enumerate(results) if i % 4] == [24] * 48
+    deadline = time.monotonic() + 120  # bounded by the NIXL abort timeout for unfetched blocks
+    while time.monotonic() < deadline:
+        stats = {pool: _stats(pool) for pool in ("prefill", "decode")}
+        if all(s.num_unfinished == 0 and s.kv_cache_usage == 0 for s in stats.values()):
+            break
+        time.sleep(2)
+    assert {p: (s.num_unfinished, s.kv_cache_usage) for p, s in stats.items()} == {
+        "prefill": (0, 0.0), "decode": (0, 0.0)
+    }
