@@ -26,6 +26,16 @@ def pick_cores(available: Iterable[int], taken: set[int], n: int) -> list[int] |
     return free[:n] if len(free) >= n else None
 
 
+def least_used_cores(available: Iterable[int], leases: list[list[int]], n: int) -> list[int]:
+    """The `n` available cores held by the fewest leases (ties: lowest number), sorted."""
+    use = {c: 0 for c in available}
+    for cores in leases:
+        for c in cores:
+            if c in use:
+                use[c] += 1
+    return sorted(sorted(use, key=lambda c: (use[c], c))[:n])
+
+
 @ray.remote(num_cpus=0)
 class CoreLedger:
     """Hands out disjoint core sets to engine replicas on one node."""
@@ -33,14 +43,27 @@ class CoreLedger:
     def __init__(self) -> None:
         self._leases: dict[str, tuple[str | None, list[int]]] = {}
 
-    def acquire(self, holder: str, n: int, available: list[int], holder_actor: str | None) -> list[int]:
-        """Lease `n` cores from `available` to `holder`; raises PlacementError when short."""
+    def acquire(
+        self,
+        holder: str,
+        n: int,
+        available: list[int],
+        holder_actor: str | None,
+        allow_shared: bool = False,
+    ) -> list[int]:
+        """Lease `n` cores from `available` to `holder`; raises PlacementError when short.
+
+        `allow_shared` (development on small machines only) leases the least-used cores instead
+        of failing.
+        """
         if holder in self._leases:
             return self._leases[holder][1]
         cores = self._pick(n, available)
         if cores is None:
             self._reclaim_dead(_actor_alive)
             cores = self._pick(n, available)
+        if cores is None and allow_shared and len(available) >= n:
+            cores = least_used_cores(available, [c for _, c in self._leases.values()], n)
         if cores is None:
             leased = {h: c for h, (_, c) in self._leases.items()}
             raise PlacementError(

@@ -26,7 +26,12 @@ def resolve_device(cfg: SplitserveConfig, cluster_gpus: float) -> Device:
 def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) -> dict:
     """Ray Serve options of one pool's deployment (pure; tested without Ray)."""
     pool = cfg.deployed_pools()[role]
-    resources = {"num_cpus": pool.ranks} if device == "cpu" else {"num_cpus": 1, "num_gpus": pool.ranks}
+    if device == "cuda":
+        resources = {"num_cpus": 1, "num_gpus": pool.ranks}
+    elif cfg.placement.share_cores:
+        resources = {"num_cpus": 0.01 * pool.ranks}  # sharing: Ray's CPU accounting set aside
+    else:
+        resources = {"num_cpus": pool.ranks}
     return {
         "name": role,
         "num_replicas": pool.replicas,
@@ -36,6 +41,16 @@ def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) ->
         "health_check_period_s": 10,
         "health_check_timeout_s": 60,
         "graceful_shutdown_timeout_s": 30,
+    }
+
+
+def router_deployment_options(cfg: SplitserveConfig) -> dict:
+    """Ray Serve options of the router deployment (pure)."""
+    return {
+        "name": "router",
+        "num_replicas": cfg.router.replicas,
+        "ray_actor_options": {"num_cpus": 0},
+        "max_ongoing_requests": 4096,
     }
 
 
@@ -66,5 +81,70 @@ def build_app(
         role: classes[role].options(**pool_deployment_options(cfg, role, device)).bind(spec)
         for role, spec in specs.items()
     }
-    router = Router.options(num_replicas=cfg.router.replicas, max_ongoing_requests=4096)
+    router = Router.options(**router_deployment_options(cfg))
     return router.bind(cfg, pools)
+
+
+# --- Deploying through a Serve config (KubeRay's RayService, `serve deploy`) -------------------
+
+SERVE_IMPORT_PATH = "splitserve.app:app_builder"
+
+
+def serve_app_args(cfg: SplitserveConfig, device: Device | Literal["auto"], *,
+                   kv_host: str | None = None) -> dict:
+    """The `args` of the Serve application: what `app_builder` rebuilds the app from."""
+    return {"config": cfg.model_dump(mode="json"), "device": device, "kv_host": kv_host}
+
+
+def app_builder(args: dict) -> serve.Application:
+    """Ray Serve application builder, for `import_path: splitserve.app:app_builder`.
+
+    `args` is `serve_app_args(...)`: {"config": <config mapping>, "device": "cpu"|"cuda"|"auto",
+    "kv_host": <address or null>}. Returns exactly `build_app(cfg, device, kv_host=...)`, the
+    application `splitserve serve` deploys. "auto" resolves against the running Ray cluster.
+    """
+    from splitserve.config import parse_config
+
+    cfg = parse_config(args.get("config") or {}, "<serve args: config>")
+    device = args.get("device") or cfg.device
+    if device == "auto":
+        import ray
+
+        device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
+    return build_app(cfg, device, kv_host=args.get("kv_host"))
+
+
+def serve_config(
+    cfg: SplitserveConfig,
+    device: Device,
+    *,
+    kv_host: str | None = None,
+    pool_resources: dict[str, dict[str, float]] | None = None,
+) -> dict:
+    """The Ray Serve config (`serve deploy` / RayService `serveConfigV2` schema) for `cfg` (pure).
+
+    One application built by `app_builder` from `serve_app_args`, with each deployment's options
+    spelled out: the same `pool_deployment_options` / `router_deployment_options` that
+    `build_app` applies, so a scaler can patch `num_replicas` in place. `pool_resources` adds Ray
+    custom resources to a pool's actors (Kubernetes pins each pool to its own worker group).
+    """
+    deployments = []
+    for role in cfg.deployed_pools():
+        opts = pool_deployment_options(cfg, role, device)
+        extra = (pool_resources or {}).get(role)
+        if extra:
+            opts["ray_actor_options"] = {**opts["ray_actor_options"], "resources": dict(extra)}
+        deployments.append(opts)
+    deployments.append(router_deployment_options(cfg))
+    return {
+        "http_options": {"host": cfg.router.host, "port": cfg.router.port},
+        "applications": [
+            {
+                "name": APP_NAME,
+                "route_prefix": "/",
+                "import_path": SERVE_IMPORT_PATH,
+                "args": serve_app_args(cfg, device, kv_host=kv_host),
+                "deployments": deployments,
+            }
+        ],
+    }

@@ -34,6 +34,7 @@ class EngineSpec:
     kv_cache_dtype: str = "auto"
     kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
+    share_cores: bool = False  # dev/test only: engines may share cores when short
 
     @property
     def ranks(self) -> int:
@@ -74,6 +75,7 @@ def engine_spec(
         kv_cache_dtype=pool.kv_cache_dtype,
         kv_transfer=cfg.mode == "disaggregated",
         kv_host=kv_host,
+        share_cores=cfg.placement.share_cores,
     )
 
 

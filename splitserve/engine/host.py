@@ -70,7 +70,10 @@ class EngineHost:
 
             self._ledger = core_ledger()
             available = sorted(os.sched_getaffinity(0))
-            cores = ray.get(self._ledger.acquire.remote(self._holder, spec.ranks, available, actor))
+            lease = self._ledger.acquire.remote(
+                self._holder, spec.ranks, available, actor, allow_shared=spec.share_cores
+            )
+            cores = ray.get(lease)
         elif spec.device == "cpu":
             cores = sorted(os.sched_getaffinity(0))[: spec.ranks]
         os.environ.update(engine_env(spec, cores))

@@ -113,3 +113,11 @@ def test_acquire_does_not_probe_liveness_when_cores_are_free(monkeypatch: pytest
     led = _ledger()
     assert led.acquire("r1", 1, [0, 1], "serve/a") == [0]
     assert led.acquire("r2", 1, [0, 1], "serve/b") == [1]
+
+
+def test_least_used_cores_prefers_free_then_lowest():
+    from splitserve.controller.placement import least_used_cores
+
+    assert least_used_cores([0, 1], [[0, 1]], 1) == [0]
+    assert least_used_cores([0, 1, 2], [[0], [0, 1]], 2) == [1, 2]
+    assert least_used_cores([0, 1], [[1], [1]], 2) == [0, 1]
