@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 Mode = Literal["disaggregated", "colocated"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -68,6 +75,36 @@ class PoolsConfig(_Strict):
     decode: PoolConfig = PoolConfig()
 
 
+RoutingPolicyName = Literal["round_robin", "least_loaded", "prefix_aware"]
+
+
+class RoutingConfig(_Strict):
+    """Which replica of a pool gets a request (`splitserve.router.routing`), chosen per pool."""
+
+    prefill: RoutingPolicyName = Field(
+        "prefix_aware", description="Prefill cost is the uncached prompt: route to cached prefixes."
+    )
+    decode: RoutingPolicyName = Field(
+        "prefix_aware",
+        description="Decode also prefills short or colocated prompts; the cost counts its load.",
+    )
+    block_size: int = Field(
+        16, ge=1, le=4096, description="Tokens per hashed block; best equal to the engine's."
+    )
+    index_max_blocks: int = Field(
+        1 << 20, ge=1, description="LRU bound of the approximate prefix index (block hashes)."
+    )
+    overlap_weight: float = Field(
+        1.0, ge=0, description="Cost of one uncached block relative to one active decode block."
+    )
+    balance_factor: float = Field(
+        2.0, ge=1, description="A replica with more than this times the least queue is overloaded."
+    )
+    balance_min_gap: int = Field(
+        8, ge=0, description="...and more than this many queued requests above the least one."
+    )
+
+
 class RouterConfig(_Strict):
     """The HTTP ingress."""
 
@@ -77,6 +114,7 @@ class RouterConfig(_Strict):
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")
     request_timeout_s: float = Field(600.0, gt=0)
     health_timeout_s: float = Field(2.0, gt=0)
+    routing: RoutingConfig = RoutingConfig()
 
 
 class DisaggregationConfig(_Strict):
@@ -104,11 +142,69 @@ class SLOConfig(_Strict):
     tpot_ms: float = Field(100.0, gt=0, description="Time per output token, p90 target.")
 
 
+# `hash_api_key` output: "sha256$<salt>$<hex HMAC-SHA256(salt, key)>" (splitserve.router.tenancy).
+API_KEY_HASH_PATTERN = r"^sha256\$[A-Za-z0-9._-]{8,128}\$[0-9a-f]{64}$"
+ApiKeyHash = Annotated[str, StringConstraints(pattern=API_KEY_HASH_PATTERN)]
+
+
+class QuotaConfig(_Strict):
+    """Per-tenant limits; None means unlimited. Over a limit: HTTP 429 with Retry-After."""
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="Prompt + generated tokens; prompt + max_tokens is reserved."
+    )
+    max_concurrent_requests: int | None = Field(None, ge=1)
+    max_tokens_per_request: int | None = Field(None, ge=1, description="Prompt + max_tokens.")
+
+
 class TenantConfig(_Strict):
     """A tenant of the API (keys and quotas are enforced by the multi-tenant router)."""
 
     name: str
     weight: float = Field(1.0, gt=0)
+    priority: int = Field(0, ge=0, le=100, description="A higher class is always served first.")
+    enabled: bool = Field(True, description="A disabled tenant's keys get HTTP 403.")
+    api_key_hashes: tuple[ApiKeyHash, ...] = Field(
+        (), description="Output of `splitserve.router.tenancy.hash_api_key`; never a plain key."
+    )
+    quotas: QuotaConfig = QuotaConfig()
+
+
+class TenancyConfig(_Strict):
+    """Authentication, fair admission and its queues (`splitserve.router.tenancy`)."""
+
+    open_mode: bool = Field(
+        True, description="With no tenants configured, serve every request as tenant `default` "
+        "without a key. Ignored (off) as soon as any tenant is configured.",
+    )
+    tenants_file: str | None = Field(
+        None, description="A YAML list of tenants (e.g. a Kubernetes Secret mount), added to "
+        "`tenants`.",
+    )
+    prompt_token_weight: float = Field(1.0, gt=0, description="VTC w_p per prompt token.")
+    output_token_weight: float = Field(
+        2.0, gt=0, description="VTC w_q per generated token (decode costs more per token)."
+    )
+    max_queued: int = Field(1024, ge=1, description="Waiting requests per pool gate: then 429.")
+    max_queued_per_tenant: int = Field(
+        256, ge=1, description="Waiting requests per tenant per gate, so a flood fills only its own."
+    )
+    queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait in a gate: then 503.")
+    prefill_max_in_flight: int | None = Field(
+        None, ge=1, description="None: replicas x max_num_seqs of the pool / router replicas."
+    )
+    decode_max_in_flight: int | None = Field(None, ge=1, description="As for prefill.")
+
+
+class PlacementConfig(_Strict):
+    """How engine ranks get cores on the CPU (GPUs are assigned by Ray)."""
+
+    share_cores: bool = Field(
+        False,
+        description="Development and tests on small machines only: when cores run short, let "
+        "engines share the least-used cores instead of failing. Never for production.",
+    )
 
 
 class RayConfig(_Strict):
@@ -130,6 +226,8 @@ class SplitserveConfig(_Strict):
     disaggregation: DisaggregationConfig = DisaggregationConfig()
     slo: SLOConfig = SLOConfig()
     tenants: tuple[TenantConfig, ...] = ()
+    tenancy: TenancyConfig = TenancyConfig()
+    placement: PlacementConfig = PlacementConfig()
     ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
