@@ -22,6 +22,9 @@ from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
 
 POLL_S = 0.5
+# Serve reports a replica it cannot place after 30 s; a cluster that cannot grow will never place
+# it, so the launcher gives up with Serve's explanation instead of waiting forever.
+UNSCHEDULABLE_MARKER = "to be scheduled"
 
 
 class LaunchError(RuntimeError):
@@ -54,6 +57,15 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
         namespace="splitserve",
     )
     return True
+
+
+def _unschedulable(status) -> str | None:
+    """Serve's message about a replica that no node can host, if any."""
+    app = status.applications.get(APP_NAME)
+    for dep in (app.deployments.values() if app else ()):
+        if UNSCHEDULABLE_MARKER in (dep.message or ""):
+            return dep.message
+    return None
 
 
 def _deployment_lines(status) -> dict[str, str]:
@@ -91,7 +103,11 @@ def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
         while runner.is_alive():
             if session.stop_requested.is_set():
                 raise KeyboardInterrupt
-            lines = _deployment_lines(serve.status())
+            status = serve.status()
+            stuck = _unschedulable(status)
+            if stuck and not cfg.ray.address and not os.environ.get("RAY_ADDRESS"):
+                raise LaunchError(f"a replica cannot be placed on this machine: {stuck}")
+            lines = _deployment_lines(status)
             for name, line in lines.items():
                 if shown.get(name) != line:
                     console.print(f"  [bold]{name:<8}[/] {line}")

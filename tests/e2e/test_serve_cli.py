@@ -101,3 +101,19 @@ def test_bad_config_exits_2_naming_the_key(tmp_path):
     )
     assert out.returncode == 2
     assert "router.prot: unknown key" in out.stderr
+
+
+def test_unplaceable_replica_fails_instead_of_hanging(tmp_path):
+    """An engine needing more cores than the machine has is an error with Serve's reason."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text("mode: colocated\npools:\n  decode: {tensor_parallel_size: 64}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg), "--port", str(free_port())],
+        capture_output=True, text=True, timeout=240,
+        # Serve's own 30 s grace before it calls a replica unschedulable, shortened for the test
+        env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400",
+             "RAY_SERVE_SLOW_STARTUP_WARNING_S": "3", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "3"},
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    flat = " ".join(out.stdout.split())
+    assert "cannot be placed" in flat and "splitserve: stopped" in flat

@@ -1,0 +1,7 @@
+"""splitserve.bench: a load generator and report for any OpenAI-compatible endpoint.
+
+Pure parts (no network): `workload` (seeded prompts and arrivals), `sse` (stream decoding),
+`stats` (percentiles, SLO attainment, goodput), `report` (JSON and text), `plots` (PNG).
+The async client (`client`) sends the workload; `runner` ties them together; `cli` is the
+`splitserve bench` command. Import the submodules directly: this package imports nothing heavy.
+"""
