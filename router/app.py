@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from splitserve.config import SplitserveConfig
@@ -32,6 +33,7 @@ from splitserve.router.protocol import (
     parse_request,
 )
 from splitserve.router.responses import Renderer, sse
+from splitserve.router.tenancy import Tenancy, Tenant
 
 app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)
 
@@ -80,7 +82,8 @@ class Router:
         self.cfg = cfg
         self.pools = pools
         self.metrics = RouterMetrics()
-        self.dispatcher = Dispatcher(pools, cfg.disaggregation, self.metrics)
+        self.tenancy = Tenancy.from_config(cfg, registry=self.metrics.registry)
+        self.dispatcher = Dispatcher(pools, cfg.disaggregation, self.metrics, self.tenancy)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
         self.created = int(time.time())
 
@@ -158,6 +161,7 @@ class Router:
             self.metrics.observe_request(endpoint, status)
 
     async def _handle(self, endpoint: str, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request.headers.get("authorization"))
         body = await read_body(request, self.cfg.router.max_body_bytes)
         model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         req = parse_request(body, model)
@@ -186,6 +190,7 @@ class Router:
                 min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos,
             ),
+            cache_salt=self.tenancy.cache_salt(tenant, req.cache_salt),
         )
         renderer = Renderer(
             kind="chat" if endpoint == "chat" else "completion",
@@ -195,26 +200,41 @@ class Router:
             include_usage=req.include_usage,
             return_token_ids=req.return_token_ids,
         )
+        chunks = self._generate(tenant, gen_req)
         if req.stream:
-            return await self._stream(gen_req, renderer)
-        return await self._whole(gen_req, renderer)
+            return await self._stream(chunks, renderer)
+        return await self._whole(chunks, renderer)
 
-    async def _whole(self, gen_req: GenerateRequest, renderer: Renderer) -> JSONResponse:
+    async def _generate(self, tenant: Tenant, gen_req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """The request's chunks inside its tenant's quota reservation (settled on close)."""
+        prompt, limit = len(gen_req.prompt_token_ids), gen_req.sampling.max_tokens
+        async with self.tenancy.request(tenant, prompt_tokens=prompt, max_tokens=limit) as usage:
+            async for chunk in self.dispatcher.stream(gen_req, tenant):
+                usage.add_output(len(chunk.token_ids))
+                yield chunk
+
+    async def _whole(self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> JSONResponse:
         timer = _Timer()
-        async for chunk in self.dispatcher.stream(gen_req):
-            timer.tick(chunk)
-            renderer.add(chunk)
+        try:
+            async for chunk in chunks:
+                timer.tick(chunk)
+                renderer.add(chunk)
+        finally:
+            await chunks.aclose()
         self._observe(timer, renderer)
         return JSONResponse(renderer.whole())
 
-    async def _stream(self, gen_req: GenerateRequest, renderer: Renderer) -> Response:
-        chunks = aiter(self.dispatcher.stream(gen_req))
+    async def _stream(self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> Response:
         timer = _Timer()
-        # Wait for the first chunk before answering 200, so early failures keep their status.
+        # Wait for the first chunk before answering 200, so early failures (quota, queue full,
+        # worker error) keep their HTTP status.
         try:
             first = await anext(chunks)
         except StopAsyncIteration:
             raise unavailable("The worker ended the request without output.") from None
+        except BaseException:
+            await chunks.aclose()
+            raise
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -235,7 +255,11 @@ class Router:
             finally:
                 await chunks.aclose()
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        # If the client is gone before the body starts, Starlette never runs `events`: close the
+        # generator anyway so the quota is settled and the worker request cancelled.
+        return StreamingResponse(
+            events(), media_type="text/event-stream", background=BackgroundTask(chunks.aclose)
+        )
 
     def _observe(self, timer: _Timer, renderer: Renderer) -> None:
         self.metrics.observe_generation(

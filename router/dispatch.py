@@ -20,6 +20,7 @@ from splitserve.kv_transfer.handoff import HandoffError, KVHandoff, prefill_requ
 from splitserve.router.errors import APIError, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import prefill_remotely
+from splitserve.router.tenancy import Tenancy, Tenant, TenancyError
 
 log = logging.getLogger("splitserve.router")
 
@@ -28,41 +29,62 @@ class Dispatcher:
     """Sends requests to pool handles; translates worker failures into `APIError`s."""
 
     def __init__(
-        self, pools: dict[str, Any], disagg: DisaggregationConfig, metrics: RouterMetrics
+        self,
+        pools: dict[str, Any],
+        disagg: DisaggregationConfig,
+        metrics: RouterMetrics,
+        tenancy: Tenancy,
     ) -> None:
         self.pools = pools
         self.disagg = disagg
         self.metrics = metrics
-        self.prefill_in_flight = 0
+        self.tenancy = tenancy
 
     def _remote(self, req: GenerateRequest) -> bool:
         if "prefill" not in self.pools:
             return False
+        gate = self.tenancy.gates["prefill"]
         return prefill_remotely(
             prompt_tokens=len(req.prompt_token_ids),
             expected_cached_tokens=0,
-            prefill_in_flight=self.prefill_in_flight,
+            prefill_in_flight=gate.in_flight + gate.queued,
             cfg=self.disagg,
         )
 
-    async def stream(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """The request's chunks, in order. Closing the iterator cancels the worker request."""
+    async def stream(self, req: GenerateRequest, tenant: Tenant) -> AsyncIterator[GenerateChunk]:
+        """The request's chunks, in order. Closing the iterator cancels the worker request.
+
+        Each pool hop first takes a slot of that pool's fair admission gate (per-tenant queues,
+        weighted fair order); a full decode queue is the client's 429/503.
+        """
         remote = self._remote(req)
         self.metrics.disagg_decisions.labels(path="remote" if remote else "local").inc()
         if remote:
-            handoff = await self._prefill(req)
+            handoff = await self._admitted_prefill(req, tenant)
             if handoff is not None:
                 req = dataclasses.replace(req, kv_transfer_params=handoff.decode_request_params())
-        gen = self.pools["decode"].options(stream=True).generate.remote(req)
+        n_prompt = len(req.prompt_token_ids)
+        async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
+            gen = self.pools["decode"].options(stream=True).generate.remote(req)
+            try:
+                async for chunk in gen:
+                    ticket.add_output(len(chunk.token_ids))
+                    yield chunk
+            except APIError:
+                raise
+            except Exception as err:  # worker crashed, engine error, replica gone
+                raise _worker_error(req.request_id, err) from err
+            finally:
+                gen.cancel()
+
+    async def _admitted_prefill(self, req: GenerateRequest, tenant: Tenant) -> KVHandoff | None:
+        """The prefill hop behind the prefill gate; a full prefill queue means "prefill locally"."""
         try:
-            async for chunk in gen:
-                yield chunk
-        except APIError:
-            raise
-        except Exception as err:  # worker crashed, engine error, replica gone
-            raise _worker_error(req.request_id, err) from err
-        finally:
-            gen.cancel()
+            async with self.tenancy.admit("prefill", tenant, len(req.prompt_token_ids)):
+                return await self._prefill(req)
+        except TenancyError:
+            self.metrics.prefill_fallbacks.inc()
+            return None
 
     async def _prefill(self, req: GenerateRequest) -> KVHandoff | None:
         """Run the prefill step; None means "prefill locally instead" (failure is counted)."""
@@ -72,7 +94,6 @@ class Dispatcher:
             sampling=dataclasses.replace(req.sampling, max_tokens=1, min_tokens=0),
             kv_transfer_params=prefill_request_params(),
         )
-        self.prefill_in_flight += 1
         try:
             params = None
             gen = self.pools["prefill"].options(stream=True).generate.remote(prefill_req)
@@ -83,8 +104,6 @@ class Dispatcher:
             log.warning("prefill of %s failed (%s); prefilling on decode", req.request_id, err)
             self.metrics.prefill_fallbacks.inc()
             return None
-        finally:
-            self.prefill_in_flight -= 1
 
 
 def _worker_error(request_id: str, err: Exception) -> APIError:

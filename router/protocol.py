@@ -69,6 +69,7 @@ class _Common(BaseModel):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     return_token_ids: bool = False
+    cache_salt: str | None = Field(None, max_length=256)  # namespaced under the tenant
     # spec fields supported only at their defaults (see _UNSUPPORTED_DEFAULTS)
     n: int | None = Field(1, ge=1, le=128)
     logprobs: Any = None

@@ -41,6 +41,14 @@ def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) ->
         "health_check_period_s": 10,
         "health_check_timeout_s": 60,
         "graceful_shutdown_timeout_s": 30,
+        # splitserve's routing policy for this pool (router/replica_router.py)
+        "request_router_config": {
+            "request_router_class": "splitserve.router.replica_router.PolicyRequestRouter",
+            "request_router_kwargs": {
+                "policy": getattr(cfg.router.routing, role),
+                **cfg.router.routing.model_dump(),
+            },
+        },
     }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import ray
 from ray import serve
@@ -112,6 +113,8 @@ class EngineHost:
         if req.kv_transfer_params is not None:
             params.extra_args = {"kv_transfer_params": req.kv_transfer_params}
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
+        if req.cache_salt:
+            prompt["cache_salt"] = req.cache_salt
         async for out in self.engine.generate(prompt, params, request_id=req.request_id):
             comp = out.outputs[0]
             yield GenerateChunk(
@@ -122,6 +125,15 @@ class EngineHost:
                 num_cached_tokens=out.num_cached_tokens or 0,
                 kv_transfer_params=out.kv_transfer_params if out.finished else None,
             )
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Serve's hook: load figures the pool's request router reads (see replica_router)."""
+        s = self._stats.snapshot(
+            role=self.spec.role,
+            replica=self._holder,
+            num_unfinished=self.engine.get_num_unfinished_requests(),
+        )
+        return {"num_unfinished": s.num_unfinished, "kv_cache_usage": s.kv_cache_usage}
 
     async def check_health(self) -> None:
         """Serve's health hook: raises when the engine process is dead."""

@@ -34,6 +34,7 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: Sampling
     kv_transfer_params: dict[str, Any] | None = None
+    cache_salt: str | None = None  # scopes prefix caching (derived from the tenant)
 
 
 @dataclass(frozen=True)

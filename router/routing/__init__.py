@@ -1,0 +1,38 @@
+"""Which replica of a pool serves a request: pure policies over plain replica state.
+
+    request = routing_request(token_ids, cache_salt, block_size=cfg.router.routing.block_size)
+    replica = choose_replica(policy, request, replicas)      # or policy.rank(...) for Serve
+    policy.record(replica, request.block_hashes)             # once it was sent there
+
+Modules: state (ReplicaState, RoutingRequest), block_hash (salted chained block hashes),
+prefix_index (approximate LRU index of blocks per replica), policies (the three policies).
+"""
+
+from splitserve.router.routing.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from splitserve.router.routing.policies import (
+    LeastLoaded,
+    PrefixAware,
+    RoundRobin,
+    RoutingPolicy,
+    choose_replica,
+    make_policy,
+    pool_policies,
+)
+from splitserve.router.routing.prefix_index import PrefixIndex
+from splitserve.router.routing.state import ReplicaState, RoutingRequest, routing_request
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "LeastLoaded",
+    "PrefixAware",
+    "PrefixIndex",
+    "ReplicaState",
+    "RoundRobin",
+    "RoutingPolicy",
+    "RoutingRequest",
+    "block_hashes",
+    "choose_replica",
+    "make_policy",
+    "pool_policies",
+    "routing_request",
+]

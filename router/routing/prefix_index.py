@@ -1,0 +1,63 @@
+"""An approximate index of which replica holds which prompt blocks, bounded by LRU.
+
+The router cannot see the engines' caches; it remembers what it *sent* where (`record`), as
+Dynamo's approximate KV router does. Entries age out least-recently-recorded first once the
+index holds `max_blocks` hashes, which roughly tracks the engines' own LRU eviction.
+
+Invariants: `len(index) <= max_blocks`; `matched_blocks` never changes the index; a replica
+matches a prefix of length k only if it holds each of the first k hashes of the chain.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+# About 16 M tokens of prefixes at 16 tokens a block; a few hundred bytes per entry.
+DEFAULT_MAX_BLOCKS = 1 << 20
+
+
+class PrefixIndex:
+    """Block hash -> the replicas it was sent to, least recently recorded first."""
+
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        if max_blocks < 1:
+            raise ValueError("max_blocks must be at least 1")
+        self.max_blocks = max_blocks
+        self._holders: OrderedDict[int, set[str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    def record(self, replica_id: str, block_hashes: Sequence[int]) -> None:
+        """Note that `replica_id` now holds these blocks (it was sent the prompt)."""
+        for h in block_hashes:
+            holders = self._holders.get(h)
+            if holders is None:
+                holders = self._holders[h] = set()
+            holders.add(replica_id)
+            self._holders.move_to_end(h)
+        while len(self._holders) > self.max_blocks:
+            self._holders.popitem(last=False)
+
+    def matched_blocks(
+        self, block_hashes: Sequence[int], replica_ids: Iterable[str]
+    ) -> dict[str, int]:
+        """For each replica, how many leading blocks of the prompt it holds (0 if none)."""
+        depth = {r: 0 for r in replica_ids}
+        alive = set(depth)
+        for i, h in enumerate(block_hashes):
+            alive &= self._holders.get(h, set())
+            if not alive:
+                break
+            for r in alive:
+                depth[r] = i + 1
+        return depth
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop a replica that is gone (its cache went with it). O(index size)."""
+        for h in [h for h, holders in self._holders.items() if replica_id in holders]:
+            holders = self._holders[h]
+            holders.discard(replica_id)
+            if not holders:
+                del self._holders[h]
