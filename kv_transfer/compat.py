@@ -32,9 +32,7 @@ def _side(spec: EngineSpec) -> str:
     )
 
 
-def check_pd_compatible(
-    prefill: EngineSpec, decode: EngineSpec, shape: ModelShape | None
-) -> None:
+def check_pd_compatible(prefill: EngineSpec, decode: EngineSpec, shape: ModelShape | None) -> None:
     """Raise CompatibilityError naming both sides when `prefill` cannot hand KV to `decode`.
 
     `shape` None (a hub model not on disk) skips the KV-head rules.

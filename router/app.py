@@ -63,6 +63,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+REPLICA_HEADER = "x-splitserve-replica"  # the decode replica that served the request
+
+
+def _replica_header(renderer: Renderer) -> dict[str, str]:
+    return {REPLICA_HEADER: renderer.replica} if renderer.replica else {}
+
+
 class _Timer:
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -96,9 +103,14 @@ class Router:
         results = await asyncio.gather(
             *(self._ping(self.pools[n]) for n in names), return_exceptions=True
         )
-        status = {n: ("ok" if not isinstance(r, BaseException) else repr(r)) for n, r in zip(names, results)}
+        status = {
+            n: ("ok" if not isinstance(r, BaseException) else repr(r))
+            for n, r in zip(names, results, strict=True)
+        }
         ok = all(v == "ok" for v in status.values())
-        return JSONResponse({"status": "ok" if ok else "unavailable", "pools": status}, 200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable", "pools": status}, 200 if ok else 503
+        )
 
     async def _ping(self, handle: Any) -> Any:
         resp = handle.health.remote()
@@ -205,7 +217,9 @@ class Router:
             return await self._stream(chunks, renderer)
         return await self._whole(chunks, renderer)
 
-    async def _generate(self, tenant: Tenant, gen_req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def _generate(
+        self, tenant: Tenant, gen_req: GenerateRequest
+    ) -> AsyncIterator[GenerateChunk]:
         """The request's chunks inside its tenant's quota reservation (settled on close)."""
         prompt, limit = len(gen_req.prompt_token_ids), gen_req.sampling.max_tokens
         async with self.tenancy.request(tenant, prompt_tokens=prompt, max_tokens=limit) as usage:
@@ -213,7 +227,9 @@ class Router:
                 usage.add_output(len(chunk.token_ids))
                 yield chunk
 
-    async def _whole(self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> JSONResponse:
+    async def _whole(
+        self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer
+    ) -> JSONResponse:
         timer = _Timer()
         try:
             async for chunk in chunks:
@@ -222,7 +238,7 @@ class Router:
         finally:
             await chunks.aclose()
         self._observe(timer, renderer)
-        return JSONResponse(renderer.whole())
+        return JSONResponse(renderer.whole(), headers=_replica_header(renderer))
 
     async def _stream(self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> Response:
         timer = _Timer()
@@ -258,7 +274,10 @@ class Router:
         # If the client is gone before the body starts, Starlette never runs `events`: close the
         # generator anyway so the quota is settled and the worker request cancelled.
         return StreamingResponse(
-            events(), media_type="text/event-stream", background=BackgroundTask(chunks.aclose)
+            events(),
+            media_type="text/event-stream",
+            headers={REPLICA_HEADER: first.replica},
+            background=BackgroundTask(chunks.aclose),
         )
 
     def _observe(self, timer: _Timer, renderer: Renderer) -> None:

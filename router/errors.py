@@ -64,7 +64,9 @@ def too_large(limit: int) -> APIError:
     return APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
 
 
-def server_error(message: str = "The server had an error while processing your request.") -> APIError:
+def server_error(
+    message: str = "The server had an error while processing your request.",
+) -> APIError:
     """500 server_error (details go to the log, not to the client)."""
     return APIError(500, message, type="server_error")
 

@@ -14,24 +14,31 @@ class RouterMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "splitserve_requests", "Requests by endpoint and HTTP status.",
-            ["endpoint", "status"], registry=r,
+            "splitserve_requests",
+            "Requests by endpoint and HTTP status.",
+            ["endpoint", "status"],
+            registry=r,
         )
         self.in_flight = Gauge(
             "splitserve_requests_in_flight", "Requests being served.", registry=r
         )
         self.ttft = Histogram(
-            "splitserve_time_to_first_token_seconds", "Time to first token.",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "splitserve_time_to_first_token_seconds",
+            "Time to first token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
             "splitserve_time_per_output_token_seconds",
             "Mean time per output token after the first, per request.",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
-            "splitserve_e2e_request_latency_seconds", "End-to-end request latency.",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "splitserve_e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "splitserve_prompt_tokens", "Prompt tokens of served requests.", registry=r
@@ -41,12 +48,15 @@ class RouterMetrics:
         )
 
         self.disagg_decisions = Counter(
-            "splitserve_disagg_decisions", "Conditional disaggregation: where prefill ran.",
-            ["path"], registry=r,
+            "splitserve_disagg_decisions",
+            "Conditional disaggregation: where prefill ran.",
+            ["path"],
+            registry=r,
         )
         self.prefill_fallbacks = Counter(
             "splitserve_prefill_fallbacks",
-            "Remote prefills that failed and were redone on the decode worker.", registry=r,
+            "Remote prefills that failed and were redone on the decode worker.",
+            registry=r,
         )
 
     def observe_request(self, endpoint: str, status: int) -> None:

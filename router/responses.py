@@ -40,11 +40,13 @@ class Renderer:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     cached_tokens: int = 0
+    replica: str = ""
 
     def add(self, chunk: GenerateChunk) -> None:
         """Fold a worker chunk into the totals."""
         self.text += chunk.text
         self.token_ids.extend(chunk.token_ids)
+        self.replica = self.replica or chunk.replica
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
             self.cached_tokens = chunk.num_cached_tokens
@@ -99,7 +101,9 @@ class Renderer:
         if self.kind == "completion":
             choice["text"] = delta_text
         else:
-            choice["delta"] = delta_text if isinstance(delta_text, dict) else {"content": delta_text}
+            choice["delta"] = (
+                delta_text if isinstance(delta_text, dict) else {"content": delta_text}
+            )
         if self.return_token_ids:
             choice["token_ids"] = list(token_ids)
         body = self._envelope([choice], streaming=True)

@@ -62,7 +62,7 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
 def _unschedulable(status) -> str | None:
     """Serve's message about a replica that no node can host, if any."""
     app = status.applications.get(APP_NAME)
-    for dep in (app.deployments.values() if app else ()):
+    for dep in app.deployments.values() if app else ():
         if UNSCHEDULABLE_MARKER in (dep.message or ""):
             return dep.message
     return None

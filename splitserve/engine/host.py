@@ -123,6 +123,7 @@ class EngineHost:
                 finish_reason=comp.finish_reason if out.finished else None,
                 num_prompt_tokens=len(out.prompt_token_ids or ()),
                 num_cached_tokens=out.num_cached_tokens or 0,
+                replica=self._holder,
                 kv_transfer_params=out.kv_transfer_params if out.finished else None,
             )
 

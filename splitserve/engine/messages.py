@@ -51,6 +51,7 @@ class GenerateChunk:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
+    replica: str = ""  # the worker replica that produced it (debugging, routing tests)
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,12 @@ def build_tiny_model(out: str | Path | None = None, *, force: bool = False) -> P
         tok.save(str(tmp / "tokenizer.json"), pretty=True)
         _write_json(tmp / "tokenizer_config.json", _tokenizer_config())
         _write_json(tmp / "config.json", _model_config(bos_id, eos_id))
-        _write_json(tmp / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": eos_id})
-        save_file(_weights(bos_id, eos_id), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _write_json(
+            tmp / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": eos_id}
+        )
+        save_file(
+            _weights(bos_id, eos_id), str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
         tmp.chmod(0o755)
         for f in tmp.iterdir():
             f.chmod(0o644)

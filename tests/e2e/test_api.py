@@ -83,8 +83,12 @@ async def _direct(prompt_ids: list[int], max_tokens: int) -> list[int]:
 
 def _completion_ids(client, prompt, max_tokens=24, **kw):
     r = client.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-        extra_body={"return_token_ids": True}, **kw,
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+        **kw,
     )
     return r
 
@@ -111,7 +115,10 @@ def test_chat_matches_direct_engine(client, tokenizer):
     for prompt in PROMPTS[:6]:
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt}]
         r = client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=16, temperature=0,
+            model=MODEL,
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
             extra_body={"return_token_ids": True},
         )
         ids = tokenizer.apply_chat_template(
@@ -132,7 +139,11 @@ def test_stream_equals_whole_completions(client):
     for prompt in PROMPTS[:8]:
         whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0)
         stream = client.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stream=True,
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
         text, usage, finish = "", None, None
@@ -150,12 +161,20 @@ def test_stream_equals_whole_completions(client):
 def test_stream_equals_whole_chat(client):
     messages = [{"role": "user", "content": "Tell me about the sea"}]
     whole = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=20, temperature=0,
+        model=MODEL,
+        messages=messages,
+        max_tokens=20,
+        temperature=0,
         extra_body={"return_token_ids": True},
     )
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=20, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"return_token_ids": True},
+        model=MODEL,
+        messages=messages,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
     )
     text, ids, roles, usage = "", [], [], None
     for chunk in stream:
@@ -225,7 +244,8 @@ def test_prompt_plus_max_tokens_over_context_is_400(client):
 
 def test_malformed_json_is_400(deployment):
     r = httpx.post(
-        f"{deployment}/v1/chat/completions", content=b'{"model": "x", ',
+        f"{deployment}/v1/chat/completions",
+        content=b'{"model": "x", ',
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400
@@ -267,8 +287,12 @@ def test_unknown_route_is_openai_404(deployment):
 def test_32_concurrent_streams_all_complete(deployment):
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, int]:
         stream = await client.completions.create(
-            model=MODEL, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=16 + i % 8,
-            temperature=0, stream=True, stream_options={"include_usage": True},
+            model=MODEL,
+            prompt=PROMPTS[i % len(PROMPTS)],
+            max_tokens=16 + i % 8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         pieces, usage = 0, None
         async for chunk in stream:
@@ -308,8 +332,11 @@ def test_cancelled_stream_leaves_nothing_running(client):
 def test_metrics_count_requests(deployment, client):
     def count(text: str, status: str) -> float:
         for line in text.splitlines():
-            if line.startswith("splitserve_requests_total{") and f'status="{status}"' in line \
-                    and 'endpoint="completions"' in line:
+            if (
+                line.startswith("splitserve_requests_total{")
+                and f'status="{status}"' in line
+                and 'endpoint="completions"' in line
+            ):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 

@@ -28,11 +28,30 @@ def base_url():
 
 
 def bench(base_url: str, out, *extra: str) -> int:
-    return main([
-        "bench", "--base-url", base_url, "--model", "splitserve-tiny", "--num-requests", str(N),
-        "--prompt-len", str(PROMPT), "--output-len", str(OUTPUT), "--seed", "0",
-        "--ttft-slo-ms", "1000", "--tpot-slo-ms", "100", "--out", str(out), *extra,
-    ])
+    return main(
+        [
+            "bench",
+            "--base-url",
+            base_url,
+            "--model",
+            "splitserve-tiny",
+            "--num-requests",
+            str(N),
+            "--prompt-len",
+            str(PROMPT),
+            "--output-len",
+            str(OUTPUT),
+            "--seed",
+            "0",
+            "--ttft-slo-ms",
+            "1000",
+            "--tpot-slo-ms",
+            "100",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_single_run(base_url, tmp_path, capsys):
@@ -51,8 +70,11 @@ def test_single_run(base_url, tmp_path, capsys):
 
     duration = s["duration_s"]
     assert duration >= max(r.sent_s + r.e2e_s for r in results) - 1e-6
-    assert s["tokens"] == {"prompt": N * PROMPT, "output": N * OUTPUT,
-                           "output_requested": N * OUTPUT}
+    assert s["tokens"] == {
+        "prompt": N * PROMPT,
+        "output": N * OUTPUT,
+        "output_requested": N * OUTPUT,
+    }
     assert s["throughput"]["requests_per_s"] == pytest.approx(N / duration)
     assert s["throughput"]["output_tokens_per_s"] == pytest.approx(N * OUTPUT / duration)
     met = sum(meets_slo(r, SLO(1000, 100)) for r in results)

@@ -87,14 +87,17 @@ def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, clie
     for prompt in PROMPTS[1:]:
         before = _stats("decode")
         r = client.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=16, temperature=0,
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=16,
+            temperature=0,
             extra_body={"return_token_ids": True},
         )
         after = _stats("decode")
         results.append((r, after.kv_bytes_received - before.kv_bytes_received))
     decisions = _decisions(deployment)
     assert decisions.get("remote", 0) >= len(PROMPTS) - 1
-    for (r, moved), prompt in zip(results, PROMPTS[1:]):
+    for (r, moved), prompt in zip(results, PROMPTS[1:], strict=True):
         assert r.usage.prompt_tokens >= THRESHOLD
         assert moved > 0, "decode engine received no KV bytes: it prefilled itself"
         ids = _prompt_ids(client, prompt)
@@ -137,12 +140,17 @@ def test_concurrent_disaggregated_requests_leave_no_request_behind(deployment):
         async with openai.AsyncOpenAI(
             base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=300
         ) as c:
-            return await asyncio.gather(*(
-                c.completions.create(
-                    model=MODEL, prompt=PROMPTS[1 + i % 5] + str(i), max_tokens=12, temperature=0
+            return await asyncio.gather(
+                *(
+                    c.completions.create(
+                        model=MODEL,
+                        prompt=PROMPTS[1 + i % 5] + str(i),
+                        max_tokens=12,
+                        temperature=0,
+                    )
+                    for i in range(16)
                 )
-                for i in range(16)
-            ))
+            )
 
     results = asyncio.run(run())
     assert all(r.usage.completion_tokens == 12 for r in results)
@@ -164,13 +172,20 @@ def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
         async with sem:
             if not stream:
                 r = await c.completions.create(
-                    model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0,
+                    model=MODEL,
+                    prompt=ids,
+                    max_tokens=max_tokens,
+                    temperature=0,
                     extra_body={"return_token_ids": True},
                 )
                 return r.choices[0].model_extra["token_ids"]
             got = []
             s = await c.completions.create(
-                model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0, stream=True,
+                model=MODEL,
+                prompt=ids,
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
                 extra_body={"return_token_ids": True},
             )
             async for chunk in s:
@@ -183,9 +198,9 @@ def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
         async with openai.AsyncOpenAI(
             base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=600
         ) as c:
-            return await asyncio.gather(*(
-                one(c, sem, ids, stream) for stream in (False, True) for ids in prompts
-            ))
+            return await asyncio.gather(
+                *(one(c, sem, ids, stream) for stream in (False, True) for ids in prompts)
+            )
 
     before = _decisions(deployment)
     outputs = asyncio.run(run())
@@ -209,8 +224,12 @@ def test_mixed_load_with_cancellations_frees_everything(deployment):
 
     async def one(c, i, n):
         stream = await c.completions.create(
-            model=MODEL, prompt=rng.integers(10, 500, n).tolist(), max_tokens=24,
-            temperature=0, stream=True, stream_options={"include_usage": True},
+            model=MODEL,
+            prompt=rng.integers(10, 500, n).tolist(),
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         usage, pieces = None, 0
         async for chunk in stream:
@@ -236,5 +255,6 @@ def test_mixed_load_with_cancellations_frees_everything(deployment):
             break
         time.sleep(2)
     assert {p: (s.num_unfinished, s.kv_cache_usage) for p, s in stats.items()} == {
-        "prefill": (0, 0.0), "decode": (0, 0.0)
+        "prefill": (0, 0.0),
+        "decode": (0, 0.0),
     }

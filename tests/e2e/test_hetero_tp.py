@@ -22,13 +22,15 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def deployment():
-    cfg = test_config(**{
-        "mode": "disaggregated",
-        "disaggregation.min_remote_prompt_tokens": 1,
-        "pools.prefill.tensor_parallel_size": 2,
-        "pools.decode.tensor_parallel_size": 1,
-        "placement.share_cores": True,
-    })
+    cfg = test_config(
+        **{
+            "mode": "disaggregated",
+            "disaggregation.min_remote_prompt_tokens": 1,
+            "pools.prefill.tensor_parallel_size": 2,
+            "pools.decode.tensor_parallel_size": 1,
+            "placement.share_cores": True,
+        }
+    )
     with running_deployment(cfg) as base:
         yield base
 
@@ -36,7 +38,9 @@ def deployment():
 async def _local(ids: list[int], max_tokens: int) -> list[int]:
     handle = serve.get_deployment_handle("decode", app_name="splitserve")
     await handle.reset_prefix_cache.remote()
-    req = GenerateRequest(f"ref-{len(ids)}", tuple(ids), Sampling(max_tokens=max_tokens, temperature=0))
+    req = GenerateRequest(
+        f"ref-{len(ids)}", tuple(ids), Sampling(max_tokens=max_tokens, temperature=0)
+    )
     out: list[int] = []
     async for chunk in handle.options(stream=True).generate.remote(req):
         out.extend(chunk.token_ids)
@@ -53,7 +57,10 @@ def test_prefill_tp2_to_decode_tp1_matches_local_prefill(deployment):
         ids = rng.integers(10, 500, n).tolist()
         before = decode.stats.remote().result().kv_bytes_received
         r = client.completions.create(
-            model="splitserve-tiny", prompt=ids, max_tokens=12, temperature=0,
+            model="splitserve-tiny",
+            prompt=ids,
+            max_tokens=12,
+            temperature=0,
             extra_body={"return_token_ids": True},
         )
         moved = decode.stats.remote().result().kv_bytes_received - before

@@ -16,8 +16,6 @@ import pytest
 from tests.conftest import free_port, wait_healthy
 
 
-
-
 def _descendants(pid: int) -> dict[int, str]:
     try:
         procs = psutil.Process(pid).children(recursive=True)
@@ -49,7 +47,9 @@ def test_serve_answers_then_stops_cleanly(tmp_path):
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "splitserve.cli", "serve", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": ""},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAY_ADDRESS": ""},
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", timeout_s=300)
@@ -81,9 +81,20 @@ def test_incompatible_pools_fail_at_deploy_time(tmp_path):
     cfg = tmp_path / "mismatch.yaml"
     cfg.write_text("pools:\n  prefill: {block_size: 128}\n  decode: {block_size: 256}\n")
     out = subprocess.run(
-        [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg), "--port", str(free_port())],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "RAY_ADDRESS": "",
-                                                         "COLUMNS": "400"},
+        [
+            sys.executable,
+            "-m",
+            "splitserve.cli",
+            "serve",
+            "-c",
+            str(cfg),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400"},
     )
     assert out.returncode == 1, out.stdout + out.stderr
     flat = " ".join(out.stdout.split())
@@ -97,7 +108,9 @@ def test_bad_config_exits_2_naming_the_key(tmp_path):
     cfg.write_text("router:\n  prot: 80\n")
     out = subprocess.run(
         [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2
     assert "router.prot: unknown key" in out.stderr
@@ -108,11 +121,27 @@ def test_unplaceable_replica_fails_instead_of_hanging(tmp_path):
     cfg = tmp_path / "big.yaml"
     cfg.write_text("mode: colocated\npools:\n  decode: {tensor_parallel_size: 64}\n")
     out = subprocess.run(
-        [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg), "--port", str(free_port())],
-        capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "splitserve.cli",
+            "serve",
+            "-c",
+            str(cfg),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
         # Serve's own 30 s grace before it calls a replica unschedulable, shortened for the test
-        env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400",
-             "RAY_SERVE_SLOW_STARTUP_WARNING_S": "3", "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "3"},
+        env={
+            **os.environ,
+            "RAY_ADDRESS": "",
+            "COLUMNS": "400",
+            "RAY_SERVE_SLOW_STARTUP_WARNING_S": "3",
+            "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "3",
+        },
     )
     assert out.returncode == 1, out.stdout + out.stderr
     flat = " ".join(out.stdout.split())

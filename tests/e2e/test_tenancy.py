@@ -25,10 +25,16 @@ def deployment():
     tenants = [
         {"name": "alice", "api_key_hashes": [hash_api_key(KEYS["alice"])]},
         {"name": "bob", "api_key_hashes": [hash_api_key(KEYS["bob"])], "enabled": False},
-        {"name": "carol", "api_key_hashes": [hash_api_key(KEYS["carol"])],
-         "quotas": {"requests_per_minute": 2}},
-        {"name": "dave", "api_key_hashes": [hash_api_key(KEYS["dave"])],
-         "quotas": {"tokens_per_minute": 400}},
+        {
+            "name": "carol",
+            "api_key_hashes": [hash_api_key(KEYS["carol"])],
+            "quotas": {"requests_per_minute": 2},
+        },
+        {
+            "name": "dave",
+            "api_key_hashes": [hash_api_key(KEYS["dave"])],
+            "quotas": {"tokens_per_minute": 400},
+        },
         {"name": "erin", "api_key_hashes": [hash_api_key(KEYS["erin"])]},
     ]
     cfg = test_config(mode="colocated", tenants=tenants)
@@ -107,9 +113,12 @@ def test_prefix_cache_is_isolated_between_tenants(deployment):
 
 def test_client_salt_cannot_reach_another_tenant(deployment):
     """A client-chosen cache_salt is namespaced under its tenant."""
+
     def cached(tenant: str) -> int:
         r = _client(deployment, tenant).completions.create(
-            model=MODEL, prompt=LONG_PROMPT + " salted", max_tokens=1,
+            model=MODEL,
+            prompt=LONG_PROMPT + " salted",
+            max_tokens=1,
             extra_body={"cache_salt": "shared-salt"},
         )
         details = r.usage.prompt_tokens_details
