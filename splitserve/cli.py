@@ -3,6 +3,7 @@
     splitserve serve [-c FILE] [--host H] [--port P] [--mode disaggregated|colocated]
     splitserve model init [--out DIR] [--force]
     splitserve config show [-c FILE] [--mode ...]
+    splitserve bench [--base-url URL] [--rate R] ...  (see splitserve.bench.cli)
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from splitserve.bench.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     p = argparse.ArgumentParser(prog="splitserve", description=__doc__.splitlines()[0])
@@ -68,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     show = config.add_parser("show", help="print the effective config")
     add_config_args(show)
     show.set_defaults(func=_cmd_config_show)
+
+    from splitserve.bench.cli import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
     return p
 
 
