@@ -53,4 +53,6 @@ def nixl_transfer_config(engine_id: str, device: Literal["cpu", "cuda"]) -> dict
         "kv_role": "kv_both",
         "kv_buffer_device": "cpu" if device == "cpu" else "cuda",
         "engine_id": engine_id,
+        # A failed or expired pull recomputes the prompt on decode instead of failing the request.
+        "kv_load_failure_policy": "recompute",
     }

@@ -69,6 +69,8 @@ class Dispatcher:
             try:
                 async for chunk in gen:
                     ticket.add_output(len(chunk.token_ids))
+                    if chunk.kv_bytes:
+                        self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
                     yield chunk
             except APIError:
                 raise

@@ -53,6 +53,12 @@ class RouterMetrics:
             ["path"],
             registry=r,
         )
+        self.kv_transfer_bytes = Histogram(
+            "splitserve_kv_transfer_bytes",
+            "KV-cache bytes each remote-prefill request pulled over NIXL (decode side).",
+            buckets=tuple(2**k for k in range(12, 34, 2)),
+            registry=r,
+        )
         self.prefill_fallbacks = Counter(
             "splitserve_prefill_fallbacks",
             "Remote prefills that failed and were redone on the decode worker.",

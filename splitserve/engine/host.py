@@ -58,6 +58,29 @@ def to_sampling_params(s: Sampling):  # -> vllm.SamplingParams
     )
 
 
+def kv_block_bytes(vllm_config) -> int:
+    """Bytes of one KV block over all layers and KV heads (what NIXL moves per block)."""
+    import torch
+
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    if cache.cache_dtype == "auto":
+        elem = torch.empty((), dtype=model.dtype).element_size()
+    else:  # fp8 variants are one byte; the 16-bit names two
+        elem = 2 if cache.cache_dtype in ("bfloat16", "float16", "half") else 1
+    layers = model.get_num_layers(vllm_config.parallel_config)
+    per_token = 2 * layers * model.get_total_num_kv_heads() * model.get_head_size() * elem
+    return per_token * cache.block_size
+
+
+def _remote_blocks(params: dict[str, Any] | None) -> int:
+    """Blocks a decode request pulls from its prefill worker (0 for a local prefill)."""
+    if not params or not params.get("do_remote_prefill"):
+        return 0
+    blocks = params.get("remote_block_ids") or []
+    first = blocks[0] if blocks else []
+    return len(first) if isinstance(first, (list, tuple)) else len(blocks)
+
+
 class EngineHost:
     """Owns one engine. Subclasses add the role-specific request methods."""
 
@@ -88,6 +111,7 @@ class EngineHost:
         log.info("%s: starting engine on cores %s for %s", self._holder, cores, model_path)
         self._stats = LatestStats()
         self.engine = self._build_engine(model_path)
+        self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
 
     def _build_engine(self, model_path: str):
         from vllm.config import KVTransferConfig
@@ -115,6 +139,7 @@ class EngineHost:
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt
+        pulled = _remote_blocks(req.kv_transfer_params) * self.kv_block_bytes
         async for out in self.engine.generate(prompt, params, request_id=req.request_id):
             comp = out.outputs[0]
             yield GenerateChunk(
@@ -124,6 +149,7 @@ class EngineHost:
                 num_prompt_tokens=len(out.prompt_token_ids or ()),
                 num_cached_tokens=out.num_cached_tokens or 0,
                 replica=self._holder,
+                kv_bytes=pulled if out.finished else 0,
                 kv_transfer_params=out.kv_transfer_params if out.finished else None,
             )
 

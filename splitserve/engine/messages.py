@@ -52,6 +52,7 @@ class GenerateChunk:
     num_cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     replica: str = ""  # the worker replica that produced it (debugging, routing tests)
+    kv_bytes: int = 0  # last chunk of a remote-prefill request: KV bytes pulled over NIXL
 
 
 @dataclass(frozen=True)

@@ -82,9 +82,20 @@ def test_health_lists_both_pools(deployment):
     assert httpx.get(f"{deployment}/health").json()["pools"] == {"prefill": "ok", "decode": "ok"}
 
 
+def _kv_histogram(deployment: str) -> tuple[float, float]:
+    """(count, sum) of the router's per-request KV-transfer bytes histogram."""
+    values = {}
+    for line in httpx.get(f"{deployment}/metrics").text.splitlines():
+        for field in ("count", "sum"):
+            if line.startswith(f"splitserve_kv_transfer_bytes_{field} "):
+                values[field] = float(line.rsplit(" ", 1)[1])
+    return values.get("count", 0.0), values.get("sum", 0.0)
+
+
 def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, client):
     results = []
     for prompt in PROMPTS[1:]:
+        hist_before = _kv_histogram(deployment)
         before = _stats("decode")
         r = client.completions.create(
             model=MODEL,
@@ -94,7 +105,11 @@ def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, clie
             extra_body={"return_token_ids": True},
         )
         after = _stats("decode")
-        results.append((r, after.kv_bytes_received - before.kv_bytes_received))
+        moved = after.kv_bytes_received - before.kv_bytes_received
+        count, total = _kv_histogram(deployment)
+        # /metrics reports this request's bytes, equal to what the NIXL connector measured
+        assert (count - hist_before[0], total - hist_before[1]) == (1, moved)
+        results.append((r, moved))
     decisions = _decisions(deployment)
     assert decisions.get("remote", 0) >= len(PROMPTS) - 1
     for (r, moved), prompt in zip(results, PROMPTS[1:], strict=True):
