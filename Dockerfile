@@ -1,0 +1,46 @@
+# splitserve image for Kubernetes (the Helm chart's Ray head and workers, KServe pods).
+#
+#   docker build -t REGISTRY/splitserve:0.1.0 .
+#   docker push REGISTRY/splitserve:0.1.0
+#   helm install splitserve helm/splitserve --set image.repository=REGISTRY/splitserve
+#
+# Base: vLLM's official CUDA image of the release splitserve pins (vllm 0.32.0, with PyTorch,
+# CUDA and NCCL). On top: Ray with Serve (the RayService runs `ray start` in this image, so Ray's
+# version must match the chart's rayVersion), NIXL for the KV transfer, and splitserve itself.
+# The same image serves the KServe targets: the ServingRuntime runs `splitserve serve`, and an
+# LLMInferenceService runs its vLLM.
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
+FROM ${VLLM_IMAGE}
+
+# KubeRay's probes use wget; tini reaps the engine processes vLLM forks.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends wget tini \
+    && rm -rf /var/lib/apt/lists/*
+
+# Pinned like the project (pyproject.toml): Ray 2.60.0 with Serve, NIXL 1.5.1. vLLM and torch
+# come from the base image and are not reinstalled.
+RUN python3 -m pip install --no-cache-dir "ray[serve]==2.60.0" "nixl==1.5.1"
+
+WORKDIR /opt/splitserve
+COPY pyproject.toml README.md ./
+COPY splitserve ./splitserve
+COPY router ./router
+COPY controller ./controller
+COPY prefill_workers ./prefill_workers
+COPY decode_workers ./decode_workers
+COPY kv_transfer ./kv_transfer
+# The project's own runtime dependencies (FastAPI, pydantic, ...) resolve against what the base
+# image has; vLLM itself is not touched (no [gpu]/[cpu] extra here).
+RUN python3 -m pip install --no-cache-dir . \
+    && python3 -c "import vllm, ray, nixl; from ray import serve; import splitserve.app"
+
+# The built-in tiny model and Hugging Face downloads go to a writable cache (mount a volume here
+# to keep models across pod restarts).
+ENV HF_HOME=/root/.cache/huggingface \
+    RAY_USAGE_STATS_ENABLED=0 \
+    PYTHONUNBUFFERED=1
+
+EXPOSE 8000 8080
+# The base image's entrypoint is `vllm serve`; KubeRay and KServe set their own commands.
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["splitserve", "serve", "-c", "/etc/splitserve/config.yaml", "--host", "0.0.0.0"]

@@ -1,0 +1,250 @@
+"""The discrete-event loop: router, prefill pool, KV transfer, decode pool and controller.
+
+Events live in one heap of (time, seq, kind, replica-or-batch, version). Arrivals are not heap
+events: the loop merges the sorted arrival array with the heap. Per request there are O(1)
+events (a prefill batch, a transfer, a decode join, a finish), never one per token.
+
+A request's life, disaggregated: arrive -> router queues it on a prefill replica -> prefill
+batch done (prefill-stage latency sampled) -> KV transfer (fixed overhead + bytes / NIC
+bandwidth) -> decode admission (waits for a slot and KV room) -> first token after one decode
+step -> last token. Colocated: the same pool prefills (pausing its decode) and decodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+
+import numpy as np
+from splitserve.controller.sim.control import Controller
+from splitserve.controller.sim.pool import Pool, PoolSpec
+from splitserve.controller.sim.replica import DRAINING, STARTING, Replica
+from splitserve.controller.sim.trace import Trace
+
+PREFILL_DONE, DECODE, XFER, READY, TICK = range(5)
+PENDING, DONE, REJECTED = 0, 1, 2
+
+
+class Simulation:
+    """One run over one trace. `pools`: {"prefill", "decode"} or {"colocated"}."""
+
+    def __init__(self, trace: Trace, specs: dict[str, PoolSpec], controller: Controller,
+                 seed: int = 0, drain_s: float = 600.0) -> None:
+        self.trace, self.ctl = trace, controller
+        # Plain lists: per-element access from Python is several times faster than numpy's.
+        self.arrival = trace.arrival_s.tolist()
+        self.prompt, self.output = trace.prompt.tolist(), trace.output.tolist()
+        n = len(trace)
+        self.first, self.finish = [math.nan] * n, [math.nan] * n
+        self.status = [PENDING] * n
+        rng = random.Random(seed)
+        self.pools = {role: Pool(s, rng, trace.spec.duration_s, self.first, self.arrival)
+                      for role, s in specs.items()}
+        self.front = self.pools.get("prefill") or self.pools["colocated"]
+        self.back = self.pools.get("decode") or self.pools["colocated"]
+        self.end_t = trace.spec.duration_s + drain_s
+        self.heap: list = []
+        self.seq = 0
+        self.timeline: list[dict] = []
+        self.events = 0
+        for pool in self.pools.values():
+            for _ in range(pool.spec.replicas):
+                pool.add(0.0, ready=True)
+
+    def push(self, t: float, kind: int, obj, version: int = 0) -> None:
+        """Schedule an event."""
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, obj, version))
+
+    def run(self) -> dict:
+        """Run to completion (or `drain_s` past the trace); returns per-request outcome arrays."""
+        wall = time.perf_counter()
+        arrivals, n, i = self.arrival, len(self.arrival), 0
+        self.push(self.ctl.period_s, TICK, None)
+        heap, pop = self.heap, heapq.heappop
+        handlers = (self._prefill_done, self._decode, self._xfer, self._ready)
+        while i < n or heap:
+            if heap and (i >= n or heap[0][0] < arrivals[i]):
+                t, _, kind, obj, version = pop(heap)
+                if t > self.end_t:
+                    break
+                self.events += 1
+                if kind != TICK:
+                    handlers[kind](t, obj, version)
+                elif not self._tick(t, i < n):
+                    continue
+            else:
+                self._arrive(arrivals[i], i)
+                i += 1
+        for pool in self.pools.values():
+            pool._account(self.trace.spec.duration_s)
+        return {"first": np.array(self.first), "finish": np.array(self.finish),
+                "status": np.array(self.status, np.int8),
+                "wall_s": time.perf_counter() - wall, "events": self.events}
+
+    # --- prefill side ------------------------------------------------------------------------
+    def _arrive(self, now: float, req: int) -> None:
+        pool, p, o = self.front, self.prompt[req], self.output[req]
+        pool.arrivals += 1
+        pool.tokens += p
+        pool.out_tokens += o
+        if p + o > self.back.kv_tokens:
+            self.status[req] = REJECTED  # can never fit one decode replica's KV
+            return
+        self._route(pool, req, now)
+
+    def _route(self, pool: Pool, req: int, now: float) -> None:
+        rep = pool.pick_prefill()
+        p = self.prompt[req]
+        if rep is None:
+            pool.backlog.append(req)
+            pool.backlog_tokens += p
+            return
+        rep.pq.append(req)
+        rep.pq_tokens += p
+        if not rep.prefilling:
+            self._start_prefill(rep, now)
+
+    def _start_prefill(self, rep: Replica, now: float) -> None:
+        pool = rep.pool
+        if pool is self.back:  # colocated: only what fits this replica's KV and slots
+            batch, tokens, sq = rep.take_prefill_batch(
+                self.prompt, pool.spec.prefill_budget, self.output, pool.kv_tokens,
+                pool.spec.max_seqs)
+            if not batch:
+                return  # waits for decodes to free KV
+        else:
+            batch, tokens, sq = rep.take_prefill_batch(self.prompt, pool.spec.prefill_budget)
+        latency = pool.cost.prefill_s(tokens, len(batch), sq)
+        rep.advance(now)  # colocated: decode pauses from here
+        rep.batch, rep.prefilling = batch, True
+        rep.version += 1
+        # A PP prefill replica is free for the next batch after one stage; this batch's KV is
+        # complete only after all of them (colocated replicas are not pipelined here).
+        stage = latency / pool.cost.pp if pool is not self.back else latency
+        rep.tail_s = latency - stage
+        self.push(now + stage, PREFILL_DONE, rep)
+
+    def _prefill_done(self, now: float, rep: Replica, _version: int) -> None:
+        pool, batch, done_t = rep.pool, rep.batch, now + rep.tail_s
+        rep.advance(now)
+        rep.batch, rep.prefilling = [], False
+        if rep.pq:
+            self._start_prefill(rep, now)  # prefill first: a colocated decode stays paused
+        if pool is self.back:  # colocated: decode here (KV reserved), first token after pauses
+            prompt, output = self.prompt, self.output
+            for req in batch:
+                rep.join(req, prompt[req], output[req], reserved=True)
+            self._reschedule(rep, now)
+        else:
+            arrival, prompt = self.arrival, self.prompt
+            pool.ttfts.extend([done_t - arrival[r] for r in batch])
+            longest = max(prompt[r] for r in batch)
+            self.push(done_t + pool.cost.kv_transfer_s(longest), XFER, batch)
+        self._settle(rep, now)
+
+    # --- decode side -------------------------------------------------------------------------
+    def _xfer(self, now: float, batch: list[int], _version: int) -> None:
+        back, output = self.back, self.output
+        back.arrivals += len(batch)
+        back.out_tokens += sum(output[r] for r in batch)
+        self._admit(back, batch, now)
+
+    def _admit(self, pool: Pool, reqs: list[int], now: float) -> None:
+        touched: dict[Replica, None] = {}  # insertion-ordered: runs stay deterministic
+        prompt, output = self.prompt, self.output
+        for req in reqs:
+            p, o = prompt[req], output[req]
+            rep = None if pool.wait else pool.pick_decode(p + o)
+            if rep is None:
+                pool.wait.append(req)
+                continue
+            rep.advance(now)
+            rep.join(req, p, o)
+            touched[rep] = None
+        for rep in touched:
+            self._reschedule(rep, now)
+
+    def _reschedule(self, rep: Replica, now: float) -> None:
+        """Retime after a batch change and schedule the next finish (stale ones are skipped)."""
+        rep.retime(rep.pool.cost)
+        rep.version += 1
+        t = rep.next_finish_t()
+        if t < math.inf:
+            self.push(t, DECODE, rep, rep.version)
+
+    def _decode(self, now: float, rep: Replica, version: int) -> None:
+        if version != rep.version:
+            return  # stale: the batch changed after this was scheduled
+        rep.advance(now)
+        done = rep.pop_finished(self.prompt, self.output)
+        first, finish, status, output = self.first, self.finish, self.status, self.output
+        tpots = rep.pool.tpots
+        for req in done:
+            finish[req] = now
+            status[req] = DONE
+            tpots.append((now - first[req]) / max(output[req] - 1, 1))
+        if rep.pq and not rep.prefilling and rep.state != DRAINING:
+            self._start_prefill(rep, now)  # colocated: freed KV lets waiting prompts in
+        self._fill(rep, now)
+
+    def _fill(self, rep: Replica, now: float) -> None:
+        """Admit waiting sequences into `rep` while it has room, then reschedule it."""
+        pool, prompt, output = rep.pool, self.prompt, self.output
+        wait = pool.wait
+        while wait and rep.state != DRAINING:
+            req = wait[0]
+            p, o = prompt[req], output[req]
+            if not pool.has_room(rep, p + o):
+                break
+            wait.popleft()
+            rep.advance(now)
+            rep.join(req, p, o)
+        self._reschedule(rep, now)
+        self._settle(rep, now)
+
+    def _settle(self, rep: Replica, now: float) -> None:
+        """A draining replica with nothing left gives its devices back."""
+        if rep.state == DRAINING and rep.idle:
+            rep.pool.retire(rep, now)
+
+    # --- control -----------------------------------------------------------------------------
+    def _ready(self, now: float, rep: Replica, _version: int) -> None:
+        if rep.state != STARTING:
+            return  # cancelled while starting
+        pool = rep.pool
+        pool.mark_ready(rep)
+        backlog, pool.backlog, pool.backlog_tokens = list(pool.backlog), type(pool.backlog)(), 0
+        for req in backlog:
+            self._route(pool, req, now)
+        self._fill(rep, now)
+
+    def _tick(self, now: float, arrivals_left: bool) -> bool:
+        busy = arrivals_left or any(
+            r.n or r.pq or r.prefilling for p in self.pools.values() for r in p.replicas
+        ) or any(p.wait or p.backlog for p in self.pools.values())
+        if not busy:
+            return False
+        period = self.ctl.period_s
+        samples = {role: pool.sample(now, period) for role, pool in self.pools.items()}
+        decisions = self.ctl.step(samples)
+        for role, pool in self.pools.items():
+            started, orphans = pool.scale_to(decisions[role].replicas, now)
+            for rep in started:
+                self.push(now + pool.spec.startup_s, READY, rep)
+            for req in orphans:
+                self._route(pool, req, now)
+            self.timeline.append(_row(role, samples[role], decisions[role], pool))
+            pool.reset_period()
+        self.push(now + period, TICK, None)
+        return True
+
+
+def _row(role: str, s, decision, pool: Pool) -> dict:
+    return {"t": s.t, "pool": role, "ready": s.ready, "starting": s.starting,
+            "desired": decision.replicas, "reason": decision.reason,
+            "devices": pool.alloc * pool.cost.devices, "arrival_rate": round(s.arrival_rate, 3),
+            "queue": s.queue_depth, "running": s.running, "kv_usage": round(s.kv_usage, 4),
+            "ttft_p90_s": s.ttft_p90_s, "tpot_p90_s": s.tpot_p90_s}

