@@ -77,10 +77,10 @@ def test_serve_answers_then_stops_cleanly(tmp_path):
     assert "splitserve: stopped" in output
 
 
-def test_incompatible_pools_fail_at_deploy_time(tmp_path):
-    """A P/D mismatch stops `serve` before any engine starts, with a message naming both sides."""
-    cfg = tmp_path / "mismatch.yaml"
-    cfg.write_text("pools:\n  prefill: {block_size: 128}\n  decode: {block_size: 256}\n")
+def _serve_failing(tmp_path, config_text: str, timeout: int, **env: str) -> str:
+    """Run `splitserve serve` on a config that must fail; its exit code 1 and flattened stdout."""
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text(config_text)
     out = subprocess.run(
         [
             sys.executable,
@@ -94,14 +94,22 @@ def test_incompatible_pools_fail_at_deploy_time(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=180,
-        env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400"},
+        timeout=timeout,
+        env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400", **env},
     )
     assert out.returncode == 1, out.stdout + out.stderr
     flat = " ".join(out.stdout.split())
+    assert "splitserve: stopped" in flat  # torn down cleanly after the failure
+    return flat
+
+
+def test_incompatible_pools_fail_at_deploy_time(tmp_path):
+    """A P/D mismatch stops `serve` before any engine starts, with a message naming both sides."""
+    flat = _serve_failing(
+        tmp_path, "pools:\n  prefill: {block_size: 128}\n  decode: {block_size: 256}\n", 180
+    )
     assert "different KV block sizes" in flat
     assert "block_size=128" in flat and "block_size=256" in flat
-    assert "splitserve: stopped" in flat
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path):
@@ -119,31 +127,12 @@ def test_bad_config_exits_2_naming_the_key(tmp_path):
 
 def test_unplaceable_replica_fails_instead_of_hanging(tmp_path):
     """An engine needing more cores than the machine has is an error with Serve's reason."""
-    cfg = tmp_path / "big.yaml"
-    cfg.write_text("mode: colocated\npools:\n  decode: {tensor_parallel_size: 64}\n")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "splitserve.cli",
-            "serve",
-            "-c",
-            str(cfg),
-            "--port",
-            str(free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    flat = _serve_failing(
+        tmp_path,
+        "mode: colocated\npools:\n  decode: {tensor_parallel_size: 64}\n",
+        240,
         # Serve's own 30 s grace before it calls a replica unschedulable, shortened for the test
-        env={
-            **os.environ,
-            "RAY_ADDRESS": "",
-            "COLUMNS": "400",
-            "RAY_SERVE_SLOW_STARTUP_WARNING_S": "3",
-            "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S": "3",
-        },
+        RAY_SERVE_SLOW_STARTUP_WARNING_S="3",
+        RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S="3",
     )
-    assert out.returncode == 1, out.stdout + out.stderr
-    flat = " ".join(out.stdout.split())
-    assert "cannot be placed" in flat and "splitserve: stopped" in flat
+    assert "cannot be placed" in flat
