@@ -70,6 +70,39 @@ def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[s
         ray.shutdown()
 
 
+def direct_greedy(
+    prompt_ids: list[int], max_tokens: int, *, fresh_cache: bool = False
+) -> list[int]:
+    """Greedy token ids from the decode pool's engine called directly through its Serve handle,
+    bypassing the router: the reference that router and disaggregated outputs are compared with.
+
+    `fresh_cache` drops the engine's prefix cache first, so that the reference recomputes the
+    prompt instead of reusing KV that an earlier (e.g. NIXL-delivered) request left behind.
+    """
+    import asyncio
+    import uuid
+
+    from ray import serve
+
+    from splitserve.engine.messages import GenerateRequest, Sampling
+
+    async def run() -> list[int]:
+        handle = serve.get_deployment_handle("decode", app_name="splitserve")
+        if fresh_cache:
+            await handle.reset_prefix_cache.remote()
+        req = GenerateRequest(
+            request_id=f"direct-{uuid.uuid4().hex}",
+            prompt_token_ids=tuple(prompt_ids),
+            sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+        )
+        out: list[int] = []
+        async for chunk in handle.options(stream=True).generate.remote(req):
+            out.extend(chunk.token_ids)
+        return out
+
+    return asyncio.run(run())
+
+
 def test_config(**overrides) -> SplitserveConfig:
     """The default config on a free port, with dotted overrides."""
     return load_config(None).with_overrides(**{"router.port": free_port(), **overrides})

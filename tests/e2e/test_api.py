@@ -13,9 +13,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from splitserve.engine.messages import GenerateRequest, Sampling
 from splitserve.models import build_tiny_model
-from tests.conftest import running_deployment, test_config
+from tests.conftest import direct_greedy, running_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -65,22 +64,6 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(build_tiny_model())
 
 
-async def _direct(prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """Greedy token ids from the decode engine called directly through its Serve handle."""
-    from ray import serve
-
-    handle = serve.get_deployment_handle("decode", app_name="splitserve")
-    req = GenerateRequest(
-        request_id=f"direct-{abs(hash(tuple(prompt_ids)))}-{max_tokens}",
-        prompt_token_ids=tuple(prompt_ids),
-        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
-    )
-    out: list[int] = []
-    async for chunk in handle.options(stream=True).generate.remote(req):
-        out.extend(chunk.token_ids)
-    return out
-
-
 def _completion_ids(client, prompt, max_tokens=24, **kw):
     r = client.completions.create(
         model=MODEL,
@@ -105,7 +88,7 @@ def test_router_matches_direct_engine(client, tokenizer):
         r = _completion_ids(client, prompt)
         got = r.choices[0].model_extra["token_ids"]
         ids = tokenizer(prompt)["input_ids"]
-        want = asyncio.run(_direct(ids, 24))
+        want = direct_greedy(ids, 24)
         assert got == want, prompt
         assert r.usage.prompt_tokens == len(ids)
         assert r.usage.completion_tokens == len(got) == 24
@@ -124,7 +107,7 @@ def test_chat_matches_direct_engine(client, tokenizer):
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        assert r.choices[0].model_extra["token_ids"] == asyncio.run(_direct(list(ids), 16))
+        assert r.choices[0].model_extra["token_ids"] == direct_greedy(list(ids), 16)
         assert r.usage.prompt_tokens == len(ids)
         assert r.choices[0].message.role == "assistant"
 

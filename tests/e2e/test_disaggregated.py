@@ -14,8 +14,7 @@ import openai
 import pytest
 from ray import serve
 
-from splitserve.engine.messages import GenerateRequest, Sampling
-from tests.conftest import running_deployment, test_config
+from tests.conftest import direct_greedy, running_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -48,25 +47,6 @@ def client(deployment):
 
 def _stats(pool: str):
     return serve.get_deployment_handle(pool, app_name="splitserve").stats.remote().result()
-
-
-async def _local(prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """The decode engine run directly, prefilling locally: the colocated reference.
-
-    The decode engine's prefix cache is dropped first, or it would reuse the KV that NIXL just
-    delivered for the same prompt and the comparison would prove nothing.
-    """
-    handle = serve.get_deployment_handle("decode", app_name="splitserve")
-    await handle.reset_prefix_cache.remote()
-    req = GenerateRequest(
-        request_id=f"ref-{abs(hash(tuple(prompt_ids)))}",
-        prompt_token_ids=tuple(prompt_ids),
-        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
-    )
-    out: list[int] = []
-    async for chunk in handle.options(stream=True).generate.remote(req):
-        out.extend(chunk.token_ids)
-    return out
 
 
 def _decisions(deployment: str) -> dict[str, float]:
@@ -116,7 +96,9 @@ def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, clie
         assert r.usage.prompt_tokens >= THRESHOLD
         assert moved > 0, "decode engine received no KV bytes: it prefilled itself"
         ids = _prompt_ids(client, prompt)
-        assert r.choices[0].model_extra["token_ids"] == asyncio.run(_local(ids, 16)), prompt[:30]
+        assert r.choices[0].model_extra["token_ids"] == direct_greedy(ids, 16, fresh_cache=True), (
+            prompt[:30]
+        )
     assert _stats("decode").kv_transfer_failures == 0
 
 
@@ -220,7 +202,7 @@ def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
     before = _decisions(deployment)
     outputs = asyncio.run(run())
     after = _decisions(deployment)
-    reference = [asyncio.run(_local(ids, max_tokens)) for ids in prompts]
+    reference = [direct_greedy(ids, max_tokens, fresh_cache=True) for ids in prompts]
     assert outputs[:50] == reference
     assert outputs[50:] == reference
     remote = after.get("remote", 0) - before.get("remote", 0)

@@ -8,14 +8,12 @@ prefill rank. Production placement never lets engines share cores.
 
 from __future__ import annotations
 
-import asyncio
 
 import openai
 import pytest
 from ray import serve
 
-from splitserve.engine.messages import GenerateRequest, Sampling
-from tests.conftest import running_deployment, test_config
+from tests.conftest import direct_greedy, running_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -33,18 +31,6 @@ def deployment():
     )
     with running_deployment(cfg) as base:
         yield base
-
-
-async def _local(ids: list[int], max_tokens: int) -> list[int]:
-    handle = serve.get_deployment_handle("decode", app_name="splitserve")
-    await handle.reset_prefix_cache.remote()
-    req = GenerateRequest(
-        f"ref-{len(ids)}", tuple(ids), Sampling(max_tokens=max_tokens, temperature=0)
-    )
-    out: list[int] = []
-    async for chunk in handle.options(stream=True).generate.remote(req):
-        out.extend(chunk.token_ids)
-    return out
 
 
 def test_prefill_tp2_to_decode_tp1_matches_local_prefill(deployment):
@@ -65,5 +51,5 @@ def test_prefill_tp2_to_decode_tp1_matches_local_prefill(deployment):
         )
         moved = decode.stats.remote().result().kv_bytes_received - before
         assert moved > 0, "no KV arrived over NIXL"
-        assert r.choices[0].model_extra["token_ids"] == asyncio.run(_local(ids, 12))
+        assert r.choices[0].model_extra["token_ids"] == direct_greedy(ids, 12, fresh_cache=True)
     assert decode.stats.remote().result().kv_transfer_failures == 0
