@@ -403,3 +403,17 @@ def plan_for_config(cfg, accelerator: str | None = None, *, rate: float = 1.0,
     slo = Slo(cfg.slo.ttft_ms / 1e3, cfg.slo.tpot_ms / 1e3)
     return plan_deployment(shape, cluster, Workload(rate, prompt_tokens, output_tokens), slo,
                            cfg.mode)
+
+
+def apply_plan(cfg, plan: Plan):
+    """`cfg` with each pool's replicas, TP and PP taken from `plan` (pure).
+
+    A colocated plan's single pool is the config's decode pool (the one colocated mode deploys).
+    """
+    overrides: dict[str, int] = {}
+    for pool in plan.pools:
+        role = "decode" if pool.role == "colocated" else pool.role
+        overrides[f"pools.{role}.replicas"] = pool.replicas
+        overrides[f"pools.{role}.tensor_parallel_size"] = pool.tp
+        overrides[f"pools.{role}.pipeline_parallel_size"] = pool.pp
+    return cfg.with_overrides(**overrides)

@@ -19,6 +19,14 @@ from splitserve.k8s.render import RENDER_TARGETS, RenderError, render, write
 
 def _cmd_render(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if args.plan_rate is not None:
+        from splitserve.controller.planner import PlanError, apply_plan, plan_for_config
+
+        try:
+            cfg = apply_plan(cfg, plan_for_config(cfg, args.accelerator, rate=args.plan_rate))
+        except PlanError as err:
+            print(f"splitserve: {err}", file=sys.stderr)
+            return 1
     try:
         files = render(cfg, args.target, name=args.name, image=args.image,
                        namespace=args.namespace, source=args.config or "")
@@ -66,6 +74,10 @@ def add_k8s_commands(sub: argparse._SubParsersAction) -> None:
     rend.add_argument("--name", default="splitserve", help="resource name (default: splitserve)")
     rend.add_argument("--image", default=DEFAULT_IMAGE, help=f"image (default: {DEFAULT_IMAGE})")
     rend.add_argument("--namespace", help="metadata.namespace (default: none)")
+    rend.add_argument("--plan-rate", type=float, metavar="REQ_PER_S",
+                      help="size the pools with `splitserve plan` for this request rate first")
+    rend.add_argument("--accelerator", help="with --plan-rate: accelerator profile "
+                      "(default: the config's accelerator section, else h100-80gb)")
     rend.set_defaults(func=_cmd_render)
 
     check = actions.add_parser("check", help="preflight: is the config deployable on the target?")
