@@ -109,6 +109,7 @@ class PrefixAware:
         balance_min_gap: int = DEFAULT_BALANCE_MIN_GAP,
     ) -> None:
         self.index = index if index is not None else PrefixIndex(DEFAULT_MAX_BLOCKS)
+        self._turn = 0  # rotates ties, so new prefixes spread over equally idle replicas
         self.overlap_weight = overlap_weight
         self.balance_factor = balance_factor
         self.balance_min_gap = balance_min_gap
@@ -135,7 +136,12 @@ class PrefixAware:
         cost = self.costs(request, replicas)
         fine = [r for r in replicas if not self.overloaded(r, least)]
         hot = [r for r in replicas if self.overloaded(r, least)]
-        fine.sort(key=lambda r: (cost[r.replica_id], *_load_key(r)))
+        ids = sorted(r.replica_id for r in replicas)
+        turn, self._turn = self._turn, self._turn + 1
+        rotated = {rid: (i - turn) % len(ids) for i, rid in enumerate(ids)}
+        fine.sort(
+            key=lambda r: (cost[r.replica_id], r.queue_depth, r.kv_usage, rotated[r.replica_id])
+        )
         hot.sort(key=_load_key)
         return [r.replica_id for r in (*fine, *hot)]
 

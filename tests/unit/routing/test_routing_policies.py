@@ -119,3 +119,14 @@ def test_make_policy_from_config() -> None:
     assert isinstance(make_policy("round_robin"), RoundRobin)
     with pytest.raises(ValueError, match="unknown routing policy"):
         make_policy("random")
+
+
+def test_prefix_aware_spreads_new_prefixes_over_idle_replicas():
+    """No cache anywhere and equal load: successive requests do not all pick the same replica."""
+    from splitserve.router.routing.policies import PrefixAware
+    from splitserve.router.routing.state import ReplicaState, routing_request
+
+    policy = PrefixAware()
+    idle = [ReplicaState("a"), ReplicaState("b")]
+    firsts = [policy.rank(routing_request([i] * 32, "salt"), idle)[0] for i in range(4)]
+    assert set(firsts) == {"a", "b"}
