@@ -15,7 +15,7 @@ LOCK_DROP   := pip|splitserve|torchvision|torchaudio|torchcodec|nixl[-_]cu12
 SHELL       := bash
 .SHELLFLAGS := -euo pipefail -c
 
-.PHONY: help install serve test test-fast bench lock clean
+.PHONY: help install serve test test-fast chaos bench lock clean
 
 # List the targets.
 help:
@@ -23,6 +23,7 @@ help:
 	@echo "make serve      run 'splitserve serve \$$(ARGS)'"
 	@echo "make test       run the whole test suite (PYTEST_ARGS=... to narrow it)"
 	@echo "make test-fast  tests without real vLLM engines (-m 'not engine')"
+	@echo "make chaos      fault-injection runs on real engines (-m chaos; long, not in make test)"
 	@echo "make bench      run scripts/bench_foundation.py"
 	@echo "make lock       rewrite $(LOCK) from what is installed in $(VENV)"
 	@echo "make clean      remove $(VENV) and caches"
@@ -35,13 +36,17 @@ install:
 serve: install
 	$(VENV)/bin/splitserve serve $(ARGS)
 
-# Full test suite, including the slow tests that start real vLLM engines.
+# Full test suite, including the slow tests that start real vLLM engines (chaos runs apart).
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
 
 # Quick tests only: skip everything marked `engine`.
 test-fast: install
 	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
+# Chaos tests: faults injected into the disaggregated path on real engines (tests/e2e/test_chaos.py).
+chaos: install
+	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
 
 # Foundation benchmark (results go to bench-results/).
 bench: install

@@ -15,7 +15,7 @@ Pure: no Ray, no vLLM. `PlanError` means no plan exists, with a message that say
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from splitserve.controller.profiles import AcceleratorProfile, ModelShape, ReplicaCost
 
@@ -380,12 +380,13 @@ def default_accelerator(cfg) -> str:
     return "cpu" if cfg.device == "cpu" or cfg.model.path is None else "h100-80gb"
 
 
-def plan_for_config(cfg, accelerator: str | None = None, *, rate: float = 1.0,
-                    prompt_tokens: int = 1024, output_tokens: int = 256,
-                    nodes: int | None = None, devices_per_node: int | None = None) -> Plan:
-    """`plan_deployment` for a `SplitserveConfig`: its model, mode, SLO, memory utilization,
-    accelerator section and (on the CPU) its per-engine KV budget. Lengths are clipped to the
-    model's context; arguments given here override the config."""
+def config_inputs(cfg, accelerator: str | None = None, *, rate: float = 1.0,
+                  prompt_tokens: int = 1024, output_tokens: int = 256, nodes: int | None = None,
+                  devices_per_node: int | None = None) -> tuple[ModelShape, Cluster, Workload, Slo]:
+    """What the planner needs from a `SplitserveConfig`: its model's shape, the cluster (the
+    accelerator section, memory utilization and, on the CPU, the per-engine KV budget), the
+    workload and the SLO. Lengths are clipped to the model's context; arguments given here
+    override the config."""
     from splitserve.controller.profiles import GIB, model_shape
     from splitserve.controller.profiles import accelerator as lookup
 
@@ -401,8 +402,13 @@ def plan_for_config(cfg, accelerator: str | None = None, *, rate: float = 1.0,
     cluster = Cluster(acc, nodes, pool.gpu_memory_utilization,
                       pool.kv_cache_gib * GIB if acc.name == "cpu" else None)
     slo = Slo(cfg.slo.ttft_ms / 1e3, cfg.slo.tpot_ms / 1e3)
-    return plan_deployment(shape, cluster, Workload(rate, prompt_tokens, output_tokens), slo,
-                           cfg.mode)
+    return shape, cluster, Workload(rate, prompt_tokens, output_tokens), slo
+
+
+def plan_for_config(cfg, accelerator: str | None = None, **kwargs) -> Plan:
+    """`plan_deployment` for a `SplitserveConfig` (inputs as `config_inputs` reads them)."""
+    shape, cluster, w, slo = config_inputs(cfg, accelerator, **kwargs)
+    return plan_deployment(shape, cluster, w, slo, cfg.mode)
 
 
 def apply_plan(cfg, plan: Plan):
@@ -417,3 +423,24 @@ def apply_plan(cfg, plan: Plan):
         overrides[f"pools.{role}.tensor_parallel_size"] = pool.tp
         overrides[f"pools.{role}.pipeline_parallel_size"] = pool.pp
     return cfg.with_overrides(**overrides)
+
+
+def replan(plan: Plan, shape: ModelShape, cluster: Cluster, rate: float) -> Plan:
+    """The same plan's parallelism re-sized for another rate (the simulator's fixed-peak and
+    initial sizes): one cost evaluation per pool, no search."""
+    w = replace(plan.workload, rate=rate)
+    pools = []
+    for p in plan.pools:
+        c = ReplicaCost(shape, cluster.acc, p.tp, p.pp, cluster.memory_utilization,
+                        cluster.kv_cache_bytes)
+        if p.role == "prefill":
+            budget = plan.slo.ttft_s - (plan.pool("decode").tpot_s or 0.0)
+            new = plan_prefill(c, w, budget)
+        elif p.role == "decode":
+            new = plan_decode(c, w, plan.slo)
+        else:
+            new = plan_colocated(c, w, plan.slo)
+        if isinstance(new, str):
+            raise PlanError(f"{p.role} TP{p.tp} PP{p.pp} at {rate:g} req/s: {new}")
+        pools.append(new)
+    return replace(plan, workload=w, pools=tuple(pools))

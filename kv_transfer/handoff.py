@@ -14,6 +14,13 @@ from typing import Any
 
 _REQUIRED = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")
 
+# The decode request carries the latest wall-clock time (time.time()) at which its engine may
+# still start the pull; the decode worker strips it before the engine sees the params.
+FETCH_BY_KEY = "splitserve_fetch_by"
+# Part of the prefill's KV lease kept as margin: the lease starts just before the router sees the
+# handoff, and the router's and decode node's clocks may differ a little.
+LEASE_MARGIN = 0.25
+
 
 class HandoffError(ValueError):
     """The prefill side returned no usable handoff (the router then prefills locally)."""
@@ -62,6 +69,31 @@ class KVHandoff:
         first = self.block_ids[0] if self.block_ids else ()
         return len(first) if isinstance(first, (list, tuple)) else len(self.block_ids)
 
-    def decode_request_params(self) -> dict[str, Any]:
-        """`kv_transfer_params` of the decode request: pull these blocks."""
-        return {**self.raw, "do_remote_prefill": True, "do_remote_decode": False}
+    def decode_request_params(self, fetch_by: float | None = None) -> dict[str, Any]:
+        """`kv_transfer_params` of the decode request: pull these blocks (before `fetch_by`)."""
+        params = {**self.raw, "do_remote_prefill": True, "do_remote_decode": False}
+        if fetch_by is not None:
+            params[FETCH_BY_KEY] = fetch_by
+        return params
+
+
+def fetch_deadline(received_at: float, lease_s: float) -> float:
+    """Latest wall-clock time to start pulling a handoff the router received at `received_at`,
+    when the prefill engine keeps unpulled blocks for `lease_s` seconds."""
+    return received_at + lease_s * (1 - LEASE_MARGIN)
+
+
+def engine_kv_params(
+    params: dict[str, Any] | None, now: float
+) -> tuple[dict[str, Any] | None, bool]:
+    """(the `kv_transfer_params` to give the decode engine, whether the handoff expired).
+
+    An expired handoff gives None: the blocks may already be freed (and reused) on the prefill
+    side, so the decode engine recomputes the prompt instead of reading them.
+    """
+    if not params or FETCH_BY_KEY not in params:
+        return params, False
+    rest = {k: v for k, v in params.items() if k != FETCH_BY_KEY}
+    if now > float(params[FETCH_BY_KEY]):
+        return None, True
+    return rest, False

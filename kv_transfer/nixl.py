@@ -7,23 +7,57 @@ loopback or node address.
 
 from __future__ import annotations
 
+import random
 import socket
 from typing import Any, Literal
 
 # Blocks a prefill engine keeps for a decode engine that never fetches them (client cancelled,
-# decode died). vLLM's default is minutes; a short bound keeps prefill KV from piling up.
+# decode died). Older vLLM read this variable; vLLM >= 0.32 bounds such blocks by the NIXL
+# connector's `kv_lease_duration` instead, which `nixl_transfer_config` sets
+# (`disaggregation.kv_lease_s`). Kept in the environment for older engines.
 ABORT_REQUEST_TIMEOUT_S = 60
 
 
-def free_port_block(host: str, size: int, attempts: int = 50) -> int:
-    """A port p such that p..p+size-1 are all free on `host` right now."""
+# Side-channel ports come from outside the kernel's ephemeral range. A port from bind(0) is
+# ephemeral, so in the seconds between this check and the engine binding it (after the model
+# loads) an outgoing connection (Ray's gRPC, zmq, an HTTP client) could be given it; the engine's
+# handshake listener then dies with "Address already in use" and the engine never gets ready.
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)  # Linux's default
+
+
+def ephemeral_port_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's range of automatically assigned ports (Linux), else Linux's default."""
+    try:
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_RANGE
+
+
+def port_block_bases(size: int, ephemeral: tuple[int, int]) -> tuple[int, int]:
+    """Inclusive range of first ports p whose block p..p+size-1 avoids the ephemeral range:
+    below it if there is room, else above it, else anywhere unprivileged."""
+    low, high = ephemeral
+    if low - size >= LOWEST_PORT:
+        return LOWEST_PORT, low - size
+    if high + 1 <= 65536 - size:
+        return high + 1, 65536 - size
+    return 1024, 65536 - size
+
+
+def free_port_block(
+    host: str, size: int, attempts: int = 50, rng: random.Random | None = None
+) -> int:
+    """A port p such that p..p+size-1 are all free on `host` right now, chosen at random outside
+    the ephemeral range (so that only another engine's pick could collide with it)."""
+    rng = rng or random.SystemRandom()
+    first, last = port_block_bases(size, ephemeral_port_range())
     for _ in range(attempts):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            base = s.getsockname()[1]
-        if base + size > 65535:
-            continue
-        if all(_is_free(host, base + i) for i in range(1, size)):
+        base = rng.randint(first, last)
+        if all(_is_free(host, base + i) for i in range(size)):
             return base
     raise RuntimeError(f"no block of {size} free ports on {host}")
 
@@ -46,8 +80,14 @@ def nixl_env(host: str, port: int) -> dict[str, str]:
     }
 
 
-def nixl_transfer_config(engine_id: str, device: Literal["cpu", "cuda"]) -> dict[str, Any]:
-    """Keyword arguments of vLLM's `KVTransferConfig` for one engine (both roles use kv_both)."""
+def nixl_transfer_config(
+    engine_id: str, device: Literal["cpu", "cuda"], lease_s: int = 30
+) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `KVTransferConfig` for one engine (both roles use kv_both).
+
+    `lease_s`: how long a prefill engine keeps KV blocks that no decode engine has pulled; a
+    decode engine holding the request renews the lease by heartbeats until it pulls.
+    """
     return {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
@@ -55,4 +95,5 @@ def nixl_transfer_config(engine_id: str, device: Literal["cpu", "cuda"]) -> dict
         "engine_id": engine_id,
         # A failed or expired pull recomputes the prompt on decode instead of failing the request.
         "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kv_lease_duration": lease_s},
     }

@@ -1,7 +1,8 @@
 """The router: a Ray Serve ingress (FastAPI) speaking the OpenAI API.
 
 Endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (streamed over SSE or not,
-`usage` in both), `/health` (200 only when every pool answers), `/metrics` (Prometheus text).
+`usage` in both), `/health` (200 only when every pool answers), `/metrics` (Prometheus text),
+`/v1/usage` (per-tenant usage for an admin key, summed over router replicas).
 Every failure is an OpenAI error body with its HTTP status; nothing reaches a worker before the
 request is fully validated and fits the context window.
 """
@@ -9,6 +10,7 @@ request is fully validated and fits the context window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +35,12 @@ from splitserve.router.protocol import (
     parse_request,
 )
 from splitserve.router.responses import Renderer, sse
+from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
+from splitserve.router.tenancy.service import pool_max_in_flight
+from splitserve.router.tenancy.admin import AdminAuth
+from splitserve.router.tenancy.report import usage_report
+from splitserve.router.usage_board import UsagePublisher, deployment_actor_config
 
 app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)
 
@@ -80,7 +87,11 @@ class _Timer:
             self.ttft = time.perf_counter() - self.start
 
 
-@serve.deployment(name="router", ray_actor_options={"num_cpus": 0})
+@serve.deployment(
+    name="router",
+    ray_actor_options={"num_cpus": 0},
+    deployment_actors=[deployment_actor_config()],
+)
 @serve.ingress(app)
 class Router:
     """The HTTP ingress. Holds one deployment handle per pool; stateless across requests."""
@@ -90,9 +101,43 @@ class Router:
         self.pools = pools
         self.metrics = RouterMetrics()
         self.tenancy = Tenancy.from_config(cfg, registry=self.metrics.registry)
-        self.dispatcher = Dispatcher(pools, cfg.disaggregation, self.metrics, self.tenancy)
+        self.admin = AdminAuth.from_config(cfg)
+        self.usage_board = UsagePublisher(
+            self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id
+        )
+        with contextlib.suppress(RuntimeError):  # no loop in the constructor: the first request
+            self.usage_board.start()
+        self.signals = SignalRecorder(pools)
+        self.dispatcher = Dispatcher(
+            pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals
+        )
+        self.controller_link = self._link_controller(cfg)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
         self.created = int(time.time())
+
+    def _link_controller(self, cfg: SplitserveConfig) -> ControllerLink | None:
+        """With `autoscaling` on: start (or find) the controller actor and report to it twice
+        per control period, so that every period has this replica's signals."""
+        if cfg.autoscaling is None:
+            return None
+        from splitserve.app import APP_NAME
+        from splitserve.controller.live import ensure_controller
+
+        ensure_controller(cfg, APP_NAME)
+        link = ControllerLink(
+            serve.get_replica_context().replica_id.unique_id, self.signals, self.tenancy.gates,
+            cfg.autoscaling.control_period_s / 2, self._resize_gates,
+        )
+        with contextlib.suppress(RuntimeError):  # no loop in the constructor: the first request
+            link.start()
+        return link
+
+    def _resize_gates(self, replicas: dict[str, int]) -> None:
+        """Admission capacity follows the pools' ready replica counts."""
+        for pool, n in replicas.items():
+            gate = self.tenancy.gates.get(pool)
+            if gate is not None and n > 0:
+                gate.resize(pool_max_in_flight(self.cfg, pool, n))
 
     # ---- plumbing -------------------------------------------------------------------------
 
@@ -124,6 +169,19 @@ class Router:
     async def metrics(self) -> Response:
         """Prometheus text exposition of this router replica."""
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/usage")
+    async def usage(self, request: Request, tenant: str | None = None) -> JSONResponse:
+        """Per-tenant usage for an admin key: requests, tokens, rejections by reason, quota state.
+
+        Totals over every router replica (via the usage board; other replicas' figures are at
+        most about a second old), or this replica's alone with `"scope": "replica"` when the
+        board cannot be reached. `?tenant=NAME`: one tenant (404 if unknown). 401 without a valid
+        admin key; 404 when no admin key is configured. See `tenancy/report.py` for the body.
+        """
+        self.admin.check(request.headers.get("authorization"))
+        snapshots, scope = await self.usage_board.collect()
+        return JSONResponse(usage_report(snapshots, self.tenancy.tenants, scope=scope, only=tenant))
 
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
@@ -159,6 +217,9 @@ class Router:
         return await self._serve("chat", request)
 
     async def _serve(self, endpoint: str, request: Request) -> Response:
+        self.usage_board.start()
+        if self.controller_link is not None:
+            self.controller_link.start()
         self.metrics.in_flight.inc()
         status = 500
         try:

@@ -3,24 +3,32 @@
 Colocated: the decode pool runs the whole request. Disaggregated: when `prefill_remotely` says
 so, the prefill pool computes the prompt's KV cache first (`max_tokens=1`), and the decode
 request carries the handoff so that its engine pulls the KV over NIXL instead of recomputing it.
-A prefill that fails or returns no usable handoff falls back to a local prefill on the decode
-worker: the client never sees the prefill pool's trouble, only a slower first token.
+A prefill that fails or returns no usable handoff is retried on another prefill replica within
+a bounded number of tries and a deadline (`router/retry.py`), then falls back to a local prefill
+on the decode worker: the client never sees the prefill pool's trouble, only a slower first
+token. The decode request carries a fetch deadline: a handoff that waited longer than the prefill
+engine keeps its blocks is recomputed on decode instead of pulled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from splitserve.config import DisaggregationConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest
-from splitserve.kv_transfer.handoff import HandoffError, KVHandoff, prefill_request_params
+from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
 from splitserve.router.errors import APIError, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import prefill_remotely
-from splitserve.router.tenancy import Tenancy, Tenant, TenancyError
+from splitserve.router.retry import classify, failed_replica, retry_prefill
+from splitserve.router.signals import SignalRecorder
+from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
+
+from splitserve.config import DisaggregationConfig
+from splitserve.engine.messages import GenerateChunk, GenerateRequest
 
 log = logging.getLogger("splitserve.router")
 
@@ -34,11 +42,13 @@ class Dispatcher:
         disagg: DisaggregationConfig,
         metrics: RouterMetrics,
         tenancy: Tenancy,
+        signals: SignalRecorder | None = None,
     ) -> None:
         self.pools = pools
         self.disagg = disagg
         self.metrics = metrics
         self.tenancy = tenancy
+        self.signals = signals or SignalRecorder(pools)
 
     def _remote(self, req: GenerateRequest) -> bool:
         if "prefill" not in self.pools:
@@ -62,15 +72,25 @@ class Dispatcher:
         if remote:
             handoff = await self._admitted_prefill(req, tenant)
             if handoff is not None:
-                req = dataclasses.replace(req, kv_transfer_params=handoff.decode_request_params())
+                fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
+                req = dataclasses.replace(
+                    req, kv_transfer_params=handoff.decode_request_params(fetch_by)
+                )
         n_prompt = len(req.prompt_token_ids)
+        start = time.perf_counter()
+        self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
         async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
             gen = self.pools["decode"].options(stream=True).generate.remote(req)
+            first, n_out = None, 0
             try:
                 async for chunk in gen:
                     ticket.add_output(len(chunk.token_ids))
                     if chunk.kv_bytes:
                         self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                    if chunk.token_ids and first is None:
+                        first = time.perf_counter()
+                        self.signals.first_token("decode", first - start)
+                    n_out += len(chunk.token_ids)
                     yield chunk
             except APIError:
                 raise
@@ -78,34 +98,72 @@ class Dispatcher:
                 raise _worker_error(req.request_id, err) from err
             finally:
                 gen.cancel()
+            if first is not None:
+                self.signals.finished("decode", time.perf_counter() - first, n_out)
 
     async def _admitted_prefill(self, req: GenerateRequest, tenant: Tenant) -> KVHandoff | None:
         """The prefill hop behind the prefill gate; a full prefill queue means "prefill locally"."""
+        start = time.perf_counter()
+        self.signals.arrival("prefill", len(req.prompt_token_ids), 0)
         try:
             async with self.tenancy.admit("prefill", tenant, len(req.prompt_token_ids)):
-                return await self._prefill(req)
+                handoff = await self._prefill(req)
+            if handoff is not None:
+                self.signals.first_token("prefill", time.perf_counter() - start)
+            return handoff
         except TenancyError:
             self.metrics.prefill_fallbacks.inc()
             return None
 
     async def _prefill(self, req: GenerateRequest) -> KVHandoff | None:
-        """Run the prefill step; None means "prefill locally instead" (failure is counted)."""
+        """The prefill step, retried on other replicas within the attempt and time budget.
+
+        None means "prefill locally instead"; every failure, retry and fallback is counted.
+        """
+        deadline = time.monotonic() + self.disagg.prefill_timeout_s
+        avoid: tuple[str, ...] = ()
+        for attempt in range(1, self.disagg.prefill_attempts + 1):
+            try:
+                return await asyncio.wait_for(
+                    self._prefill_once(req, attempt, avoid), deadline - time.monotonic()
+                )
+            except Exception as err:  # noqa: BLE001 - any prefill failure is retried or local
+                kind = classify(err)
+                self.metrics.prefill_failures.labels(reason=kind).inc()
+                log.warning("prefill of %s failed (try %d, %s): %s",
+                            req.request_id, attempt, kind, err)
+                replica = failed_replica(err)
+                if replica and replica not in avoid:
+                    avoid += (replica,)
+                left = deadline - time.monotonic()
+                if not retry_prefill(kind=kind, attempt=attempt,
+                                     attempts=self.disagg.prefill_attempts, time_left_s=left):
+                    break
+                self.metrics.prefill_retries.inc()
+        self.metrics.prefill_fallbacks.inc()
+        return None
+
+    async def _prefill_once(
+        self, req: GenerateRequest, attempt: int, avoid: tuple[str, ...]
+    ) -> KVHandoff:
+        """One prefill try (`max_tokens=1`, keep the blocks); raises when it gives no handoff."""
+        suffix = "" if attempt == 1 else f"-{attempt}"
         prefill_req = dataclasses.replace(
             req,
-            request_id=f"{req.request_id}-prefill",
+            request_id=f"{req.request_id}-prefill{suffix}",
             sampling=dataclasses.replace(req.sampling, max_tokens=1, min_tokens=0),
             kv_transfer_params=prefill_request_params(),
+            avoid_replicas=avoid,
         )
+        params = None
+        gen = self.pools["prefill"].options(stream=True).generate.remote(prefill_req)
         try:
-            params = None
-            gen = self.pools["prefill"].options(stream=True).generate.remote(prefill_req)
             async for chunk in gen:
                 params = chunk.kv_transfer_params or params
-            return KVHandoff.from_params(params)
-        except (HandoffError, Exception) as err:  # noqa: BLE001 - any prefill failure falls back
-            log.warning("prefill of %s failed (%s); prefilling on decode", req.request_id, err)
-            self.metrics.prefill_fallbacks.inc()
-            return None
+        except BaseException:
+            gen.cancel()  # timed out or cancelled: the prefill engine aborts and frees its blocks
+            raise
+        return KVHandoff.from_params(params)
 
 
 def _worker_error(request_id: str, err: Exception) -> APIError:

@@ -64,6 +64,17 @@ class RouterMetrics:
             "Remote prefills that failed and were redone on the decode worker.",
             registry=r,
         )
+        self.prefill_retries = Counter(
+            "splitserve_prefill_retries",
+            "Remote prefills tried again (on another replica) after a failed try.",
+            registry=r,
+        )
+        self.prefill_failures = Counter(
+            "splitserve_prefill_failures",
+            "Failed remote-prefill tries by reason: replica, timeout, handoff, overload.",
+            ["reason"],
+            registry=r,
+        )
 
     def observe_request(self, endpoint: str, status: int) -> None:
         """Count a finished request (any outcome)."""

@@ -216,11 +216,17 @@ def _validation_error(err: ValidationError) -> APIError:
 T = TypeVar("T", bound=BaseModel)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_request(body: bytes, model: type[T]) -> T:
     """Decode and validate a request body, raising an `APIError` (400) on any problem."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:  # deeply nested arrays or objects
+        raise bad_request("The request body is nested too deeply.") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
         raise bad_request(f"The request body is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")

@@ -59,7 +59,11 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        """Every candidate, best first, one per rank (Serve falls through when one is full)."""
+        """Every candidate, best first, one per rank (Serve falls through when one is full).
+
+        A retried request skips the replicas that already failed it, unless no other is left.
+        """
+        candidate_replicas = avoid_failed(candidate_replicas, pending_request)
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
@@ -79,3 +83,15 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         """Forget a dead replica's cached prefixes."""
         super().on_replica_actor_died(replica_id)
         self._policy.forget_replica(replica_id.unique_id)
+
+
+def avoid_failed(
+    candidates: list[RunningReplica], pending: PendingRequest | None
+) -> list[RunningReplica]:
+    """The candidates without the request's `avoid_replicas`, or all of them if none is left."""
+    req = pending.args[0] if pending is not None and pending.args else None
+    avoid = getattr(req, "avoid_replicas", ()) if isinstance(req, GenerateRequest) else ()
+    if not avoid:
+        return candidates
+    kept = [r for r in candidates if r.replica_id.unique_id not in avoid]
+    return kept or candidates

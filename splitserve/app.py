@@ -40,7 +40,10 @@ def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) ->
         "max_ongoing_requests": pool.max_num_seqs * 2,
         "health_check_period_s": 10,
         "health_check_timeout_s": 60,
-        "graceful_shutdown_timeout_s": 30,
+        # Scale-down drains: a replica being removed finishes its requests first.
+        "graceful_shutdown_timeout_s": (
+            cfg.autoscaling.drain_timeout_s if cfg.autoscaling is not None else 30
+        ),
         # splitserve's routing policy for this pool (router/replica_router.py)
         "request_router_config": {
             "request_router_class": "splitserve.router.replica_router.PolicyRequestRouter",
@@ -59,6 +62,16 @@ def router_deployment_options(cfg: SplitserveConfig) -> dict:
         "num_replicas": cfg.router.replicas,
         "ray_actor_options": {"num_cpus": 0},
         "max_ongoing_requests": 4096,
+    }
+
+
+def serve_run_options(cfg: SplitserveConfig) -> dict:
+    """Keyword arguments of `serve.run` for the application (pure). With `autoscaling`, Serve's
+    external-scaler API is on: the controller (`controller.live`) sets the pools' replicas."""
+    return {
+        "name": APP_NAME,
+        "route_prefix": "/",
+        "external_scaler_enabled": cfg.autoscaling is not None,
     }
 
 
@@ -157,6 +170,7 @@ def serve_config(
                 "import_path": SERVE_IMPORT_PATH,
                 "args": serve_app_args(cfg, device, kv_host=kv_host),
                 "deployments": deployments,
+                "external_scaler_enabled": cfg.autoscaling is not None,
             }
         ],
     }

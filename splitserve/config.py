@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+import typing
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -133,6 +134,23 @@ class DisaggregationConfig(_Strict):
     max_prefill_queue: int = Field(
         64, ge=1, description="Above this many prefills in flight, new prompts prefill locally."
     )
+    prefill_attempts: int = Field(
+        2, ge=1, le=8,
+        description="Tries of a remote prefill, each steered away from the replicas that failed; "
+        "then the decode worker prefills locally.",
+    )
+    prefill_timeout_s: float = Field(
+        30.0, gt=0,
+        description="Deadline of all remote-prefill tries of one request together; past it, the "
+        "decode worker prefills locally.",
+    )
+    kv_lease_s: int = Field(
+        30, ge=2,
+        description="Seconds a prefill engine keeps a prompt's KV blocks for a decode worker that "
+        "has not pulled them yet (vLLM's NIXL kv_lease_duration; decode heartbeats extend it once "
+        "the request is in the decode engine). Decode recomputes a handoff older than about 3/4 "
+        "of it instead of pulling blocks that may be gone.",
+    )
 
 
 class SLOConfig(_Strict):
@@ -182,6 +200,10 @@ class TenancyConfig(_Strict):
         None, description="A YAML list of tenants (e.g. a Kubernetes Secret mount), added to "
         "`tenants`.",
     )
+    admin_key_hashes: tuple[ApiKeyHash, ...] = Field(
+        (), description="Hashes of the admin keys that may read `GET /v1/usage` (made like a "
+        "tenant's, with `python -m splitserve.router.tenancy`); empty: the endpoint is off (404).",
+    )
     prompt_token_weight: float = Field(1.0, gt=0, description="VTC w_p per prompt token.")
     output_token_weight: float = Field(
         2.0, gt=0, description="VTC w_q per generated token (decode costs more per token)."
@@ -204,6 +226,34 @@ class PlacementConfig(_Strict):
         False,
         description="Development and tests on small machines only: when cores run short, let "
         "engines share the least-used cores instead of failing. Never for production.",
+    )
+
+
+class FaultsConfig(_Strict):
+    """Fault injection for tests and development only: every fault is off by default. Never set
+    these in production. Each fault hits a fixed fraction of prompts, chosen by a seeded hash of
+    the prompt's token ids, so that a test knows in advance which requests it hits
+    (`splitserve.engine.faults`).
+    """
+
+    seed: int = Field(0, description="Selects which prompts each fault hits.")
+    prefill_error_rate: float = Field(
+        0.0, ge=0, le=1, description="Prompts whose prefill worker raises instead of prefilling."
+    )
+    prefill_delay_s: float = Field(
+        0.0, ge=0, le=600, description="A slow prefill engine: every prefill waits this long first."
+    )
+    kv_load_failure_rate: float = Field(
+        0.0, ge=0, le=1,
+        description="Remote-prefill prompts whose decode request names a dead NIXL peer: the "
+        "connector's handshake fails and the decode engine recomputes the prompt.",
+    )
+    kv_load_delay_rate: float = Field(
+        0.0, ge=0, le=1, description="Remote-prefill prompts whose KV pull is delayed..."
+    )
+    kv_load_delay_s: float = Field(
+        0.0, ge=0, le=600,
+        description="...by this long, in the decode worker before its engine sees the request.",
     )
 
 
@@ -234,6 +284,10 @@ class AutoscalingConfig(_Strict):
     scale_to_zero: bool = Field(False, description="Allow 0 replicas after idle_to_zero_s idle.")
     idle_to_zero_s: float = Field(300.0, gt=0)
     target_ongoing_requests: float = Field(2.0, gt=0, description="`queue` policy only.")
+    drain_timeout_s: float = Field(
+        600.0, gt=0,
+        description="Seconds a replica being removed gets to finish its requests (drain).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingConfig:
@@ -266,6 +320,9 @@ class SplitserveConfig(_Strict):
     ray: RayConfig = RayConfig()
     autoscaling: AutoscalingConfig | None = None
     accelerator: AcceleratorConfig | None = None
+    faults: FaultsConfig = Field(
+        FaultsConfig(), description="Tests and development only: fault injection (all off)."
+    )
 
     @model_validator(mode="after")
     def _tenant_names_unique(self) -> SplitserveConfig:
@@ -281,7 +338,9 @@ class SplitserveConfig(_Strict):
         return {"prefill": self.pools.prefill, "decode": self.pools.decode}
 
     def with_overrides(self, **dotted: Any) -> SplitserveConfig:
-        """A copy with `section.key=value` overrides applied (None values are skipped).
+        """A copy with `section.key=value` overrides applied (None values are skipped). An
+        optional section that is off (`autoscaling: null`) is switched on by overriding a key in
+        it, with defaults for the rest.
 
         >>> cfg.with_overrides(**{"router.port": 9000, "mode": "colocated"})
         """
@@ -292,11 +351,24 @@ class SplitserveConfig(_Strict):
             *parents, leaf = key.split(".")
             node = data
             for p in parents:
+                if p in node and node[p] is None and _optional_section(type(self), parents, p):
+                    node[p] = {}
                 if not isinstance(node.get(p), dict):
                     raise ConfigError(f"invalid override {key}: no config section {p!r}")
                 node = node[p]
             node[leaf] = value
         return parse_config(data, "(with overrides)")
+
+
+def _optional_section(model: type[BaseModel], path: list[str], name: str) -> bool:
+    """Whether `name` (a top-level key, the only place optional sections live) is a section
+    that may be None, i.e. its field's type is a model or None."""
+    field = model.model_fields.get(name) if path and path[0] == name else None
+    if field is None:
+        return False
+    args = typing.get_args(field.annotation)
+    return type(None) in args and any(isinstance(a, type) and issubclass(a, BaseModel)
+                                      for a in args)
 
 
 class ConfigError(ValueError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
-from splitserve.app import APP_NAME, build_app, resolve_device
+from splitserve.app import APP_NAME, build_app, resolve_device, serve_run_options
 from splitserve.config import SplitserveConfig
 from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
@@ -91,7 +91,7 @@ def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
 
     def run() -> None:
         try:
-            serve.run(app, name=APP_NAME, route_prefix="/")
+            serve.run(app, **serve_run_options(cfg))
         except BaseException as err:  # reported by the main thread
             failure.append(err)
 

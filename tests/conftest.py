@@ -46,7 +46,7 @@ def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[s
     import ray
     from ray import serve
 
-    from splitserve.app import APP_NAME, build_app
+    from splitserve.app import build_app, serve_run_options
     from splitserve.models import build_tiny_model
 
     build_tiny_model()
@@ -60,7 +60,7 @@ def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[s
     )
     try:
         serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
-        serve.run(build_app(cfg, device, kv_host="127.0.0.1"), name=APP_NAME, route_prefix="/")
+        serve.run(build_app(cfg, device, kv_host="127.0.0.1"), **serve_run_options(cfg))
         base = f"http://{cfg.router.host}:{cfg.router.port}"
         wait_healthy(base)
         yield base

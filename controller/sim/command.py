@@ -17,9 +17,9 @@ import sys
 from dataclasses import replace
 
 from splitserve.controller.autoscale import PolicyParams
+from splitserve.controller.control import POLICIES
 from splitserve.controller.planner import PlanError, Slo, format_plan, plan_for_config
 from splitserve.controller.profiles import ACCELERATORS, ModelShapeError
-from splitserve.controller.sim.control import POLICIES
 from splitserve.controller.sim.report import SimResult, write_outputs
 from splitserve.controller.sim.scenario import Scenario, run_scenario
 from splitserve.controller.sim.trace import TRACE_KINDS, TraceSpec

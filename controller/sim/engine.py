@@ -18,7 +18,7 @@ import random
 import time
 
 import numpy as np
-from splitserve.controller.sim.control import Controller
+from splitserve.controller.control import Controller
 from splitserve.controller.sim.pool import Pool, PoolSpec
 from splitserve.controller.sim.replica import DRAINING, STARTING, Replica
 from splitserve.controller.sim.trace import Trace
@@ -36,6 +36,10 @@ class Simulation:
         # Plain lists: per-element access from Python is several times faster than numpy's.
         self.arrival = trace.arrival_s.tolist()
         self.prompt, self.output = trace.prompt.tolist(), trace.output.tolist()
+        # Prefix-cache hits: prompt tokens a prefill skips; queues count the tokens computed.
+        self.cached = None if trace.cached is None else trace.cached.tolist()
+        self.work = (self.prompt if self.cached is None
+                     else [p - c for p, c in zip(self.prompt, self.cached, strict=True)])
         n = len(trace)
         self.first, self.finish = [math.nan] * n, [math.nan] * n
         self.status = [PENDING] * n
@@ -97,7 +101,7 @@ class Simulation:
 
     def _route(self, pool: Pool, req: int, now: float) -> None:
         rep = pool.pick_prefill()
-        p = self.prompt[req]
+        p = self.work[req]
         if rep is None:
             pool.backlog.append(req)
             pool.backlog_tokens += p
@@ -112,11 +116,12 @@ class Simulation:
         if pool is self.back:  # colocated: only what fits this replica's KV and slots
             batch, tokens, sq = rep.take_prefill_batch(
                 self.prompt, pool.spec.prefill_budget, self.output, pool.kv_tokens,
-                pool.spec.max_seqs)
+                pool.spec.max_seqs, self.cached)
             if not batch:
                 return  # waits for decodes to free KV
         else:
-            batch, tokens, sq = rep.take_prefill_batch(self.prompt, pool.spec.prefill_budget)
+            batch, tokens, sq = rep.take_prefill_batch(self.prompt, pool.spec.prefill_budget,
+                                                       cached=self.cached)
         latency = pool.cost.prefill_s(tokens, len(batch), sq)
         rep.advance(now)  # colocated: decode pauses from here
         rep.batch, rep.prefilling = batch, True

@@ -114,15 +114,21 @@ class Replica:
         return done
 
     def take_prefill_batch(self, prompts: list[int], budget: int, outputs: list[int] | None = None,
-                           kv_tokens: int = 0, max_seqs: int = 0) -> tuple[list[int], int, int]:
-        """Pop queued prompts up to `budget` tokens (at least one): (batch, tokens, sum of
-        squared lengths). With `outputs` (a colocated replica, whose batch decodes here) only
-        prompts whose prompt + output KV and sequence slot fit are taken, and reserved now: the
-        engine never prefills what it cannot then decode (the batch may be empty)."""
+                           kv_tokens: int = 0, max_seqs: int = 0,
+                           cached: list[int] | None = None) -> tuple[list[int], int, int]:
+        """Pop queued prompts up to `budget` computed tokens (at least one): (batch, tokens
+        computed, attention work in squared tokens). A prompt of p tokens whose first c are in
+        the prefix cache (`cached`) computes n = p - c tokens over a context of p: work
+        n^2 + 2nc (n^2 = p^2 without a cache hit). With `outputs` (a colocated replica, whose
+        batch decodes here) only prompts whose prompt + output KV and sequence slot fit are
+        taken, and reserved now: the engine never prefills what it cannot then decode (the
+        batch may be empty)."""
         batch, tokens, sq, pq = [], 0, 0, self.pq
         while pq:
             p = prompts[pq[0]]
-            if batch and tokens + p > budget:
+            c = cached[pq[0]] if cached is not None else 0
+            n = p - c
+            if batch and tokens + n > budget:
                 break
             if outputs is not None:
                 need = p + outputs[pq[0]]
@@ -130,7 +136,7 @@ class Replica:
                     break
                 self.kv_used += need
             batch.append(pq.popleft())
-            tokens += p
-            sq += p * p
+            tokens += n
+            sq += n * n + 2 * n * c
         self.pq_tokens -= tokens
         return batch, tokens, sq

@@ -11,28 +11,25 @@ replica. Policy capacities come from the same cost model the simulator runs on.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from splitserve.controller.autoscale import PolicyParams, PoolTarget, QueueParams
+from splitserve.controller.autoscale import PolicyParams
+from splitserve.controller.control import Controller, ControlSpec
 from splitserve.controller.planner import (
     MAX_DECODE_BATCH,
-    MAX_PREFILL_UTILIZATION,
     Cluster,
     Plan,
-    PlanError,
     Slo,
     Workload,
-    plan_colocated,
-    plan_decode,
     plan_deployment,
-    plan_prefill,
+    replan,
 )
-from splitserve.controller.profiles import ModelShape, ReplicaCost, accelerator, model_shape
-from splitserve.controller.sim.control import Controller, ControlSpec
+from splitserve.controller.profiles import ReplicaCost, accelerator, model_shape
 from splitserve.controller.sim.engine import Simulation
 from splitserve.controller.sim.pool import REPLICA_STARTUP_S, PoolSpec
 from splitserve.controller.sim.report import SimResult, summarize
 from splitserve.controller.sim.trace import Trace, TraceSpec, make_trace
+from splitserve.controller.targets import pool_targets, queue_targets
 
 
 @dataclass(frozen=True)
@@ -54,59 +51,6 @@ class Scenario:
     max_over_peak: float = 2.0
 
 
-def replan(plan: Plan, shape: ModelShape, cluster: Cluster, rate: float) -> Plan:
-    """The same plan's parallelism re-sized for another rate (the simulator's fixed-peak and
-    initial sizes): one cost evaluation per pool, no search."""
-    w = replace(plan.workload, rate=rate)
-    pools = []
-    for p in plan.pools:
-        c = ReplicaCost(shape, cluster.acc, p.tp, p.pp, cluster.memory_utilization,
-                        cluster.kv_cache_bytes)
-        if p.role == "prefill":
-            budget = plan.slo.ttft_s - (plan.pool("decode").tpot_s or 0.0)
-            new = plan_prefill(c, w, budget)
-        elif p.role == "decode":
-            new = plan_decode(c, w, plan.slo)
-        else:
-            new = plan_colocated(c, w, plan.slo)
-        if isinstance(new, str):
-            raise PlanError(f"{p.role} TP{p.tp} PP{p.pp} at {rate:g} req/s: {new}")
-        pools.append(new)
-    return replace(plan, workload=w, pools=tuple(pools))
-
-
-def _targets(plan: Plan, costs: dict[str, ReplicaCost], slo: Slo,
-             maxes: dict[str, int]) -> dict[str, PoolTarget]:
-    w = plan.workload
-    if plan.mode == "colocated":
-        c, p = costs["colocated"], plan.pool("colocated")
-        tokens = MAX_PREFILL_UTILIZATION * c.pp * w.prompt_tokens / c.prefill_s(w.prompt_tokens)
-        return {"colocated": PoolTarget(token_capacity=tokens, seq_capacity=p.capacity,
-                                        out_token_capacity=p.out_tokens_per_s,
-                                        ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
-                                        max_replicas=maxes["colocated"])}
-    decode = plan.pool("decode")
-    # The prefill pool's own share of TTFT: the SLO minus the handoff and the first decode step.
-    own = slo.ttft_s - costs["prefill"].kv_transfer_s(w.prompt_tokens) - (decode.tpot_s or 0.0)
-    return {
-        "prefill": PoolTarget(token_capacity=plan.pool("prefill").capacity, ttft_s=own,
-                              max_replicas=maxes["prefill"]),
-        "decode": PoolTarget(seq_capacity=decode.capacity, tpot_s=slo.tpot_s,
-                             out_token_capacity=decode.out_tokens_per_s,
-                             max_replicas=maxes["decode"]),
-    }
-
-
-def _queue_params(plan: Plan, maxes: dict[str, int]) -> dict[str, QueueParams]:
-    """Ray Serve defaults; target_ongoing_requests is 2 for prefill (Serve's default: about one
-    prompt running and one queued) and the planner's SLO batch for decode pools."""
-    out = {}
-    for p in plan.pools:
-        target = 2.0 if p.role == "prefill" else p.capacity
-        out[p.role] = QueueParams(target_ongoing_requests=target, max_replicas=maxes[p.role])
-    return out
-
-
 def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
     """The simulation of `scn`, the plan it started from, and its trace."""
     trace = make_trace(scn.trace)
@@ -122,8 +66,8 @@ def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
     specs = {p.role: PoolSpec(p.role, costs[p.role], p.replicas, max_seqs=MAX_DECODE_BATCH,
                               startup_s=scn.startup_s, max_replicas=maxes[p.role])
              for p in plan.pools}
-    control = ControlSpec(scn.policy, scn.params, _targets(plan, costs, scn.slo, maxes),
-                          _queue_params(plan, maxes))
+    control = ControlSpec(scn.policy, scn.params, pool_targets(plan, costs, scn.slo, maxes),
+                          queue_targets(plan, maxes))
     ctl = Controller(control, {role: s.replicas for role, s in specs.items()})
     return Simulation(trace, specs, ctl, seed=scn.seed), plan, trace
 

@@ -4,6 +4,7 @@
 
 Arrivals are a non-homogeneous Poisson process (thinning, vectorized); lengths are log-normal
 with the given means, clipped to the context. The same spec always gives the same trace.
+`replay_trace` wraps given requests (a recorded benchmark's schedule) instead.
 """
 
 from __future__ import annotations
@@ -48,13 +49,16 @@ class TraceSpec:
 
 @dataclass(frozen=True)
 class Trace:
-    """Requests sorted by arrival; request i is (arrival_s[i], prompt[i], output[i])."""
+    """Requests sorted by arrival; request i is (arrival_s[i], prompt[i], output[i]).
+    `cached[i]`: the leading prompt tokens already in the prefill engine's prefix cache (they
+    cost no compute; None: none are)."""
 
     spec: TraceSpec
     arrival_s: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
     burst_starts: tuple[float, ...] = ()
+    cached: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -119,3 +123,22 @@ def make_trace(spec: TraceSpec) -> Trace:
     prompt = np.clip(_lognormal(rng, spec.prompt_mean, PROMPT_SIGMA, len(t)), MIN_PROMPT_TOKENS,
                      prompt_cap)
     return Trace(spec, t, prompt.astype(np.int64), output.astype(np.int64), starts)
+
+
+def replay_trace(arrival_s, prompt, output, rate: float, cached=None) -> Trace:
+    """A trace of given requests (a recorded benchmark's schedule), in arrival order: exact
+    arrival times and lengths, nothing drawn. `rate` is the nominal request rate (req/s);
+    `cached` optional prompt tokens per request that hit the prefix cache."""
+    t = np.asarray(arrival_s, dtype=float)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    cols = [np.asarray(x, dtype=np.int64)[order] for x in (prompt, output)]
+    if len(t) == 0 or np.any(cols[0] < 1) or np.any(cols[1] < 1):
+        raise ValueError("replay_trace: needs at least one request, lengths >= 1")
+    hits = None if cached is None else np.asarray(cached, dtype=np.int64)[order]
+    if hits is not None and np.any((hits < 0) | (hits >= cols[0])):
+        raise ValueError("replay_trace: cached tokens must lie in [0, prompt)")
+    spec = TraceSpec("steady", base_rate=rate, duration_s=max(float(t[-1]), 1e-6),
+                     prompt_mean=int(cols[0].mean()), output_mean=int(cols[1].mean()),
+                     max_model_len=int((cols[0] + cols[1]).max()))
+    return Trace(spec, t, cols[0], cols[1], (), hits)

@@ -130,6 +130,14 @@ class FairAdmission:
             raise queue_timeout(self.pool, self.timeout_s, TIMEOUT_RETRY_AFTER_S)
         return granted.result()
 
+    def resize(self, max_in_flight: int) -> None:
+        """Change the slot count (the pool was scaled). More slots go to waiters at once; with
+        fewer, requests holding slots keep them and new ones wait until in-flight drops."""
+        if max_in_flight < 1:
+            raise ValueError("FairAdmission.resize: max_in_flight must be at least 1")
+        self.max_in_flight = max_in_flight
+        self._dispatch()
+
     def _dispatch(self) -> None:
         """Hand free slots to waiters in scheduler order."""
         while self._in_flight < self.max_in_flight:

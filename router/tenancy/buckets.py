@@ -43,6 +43,11 @@ class TokenBucket:
         deficit = min(amount, self.capacity) - self.level
         return 0.0 if deficit <= 0 else deficit / self.refill_per_s
 
+    def available(self, now: float) -> float:
+        """The level at `now` (what may be taken at once; negative while in debt)."""
+        self._refill(now)
+        return self.level
+
     def take(self, amount: float, now: float) -> None:
         """Spend `amount` (the level may go negative)."""
         self._refill(now)

@@ -70,6 +70,23 @@ class QuotaBackend(Protocol):
         """Reconcile with the tokens actually used and free the concurrency slot. Idempotent."""
         ...
 
+    def window(self, tenant: Tenant) -> QuotaWindow:
+        """The tenant's quota state now, for reports (never blocks, changes nothing)."""
+        ...
+
+
+@dataclass(frozen=True)
+class QuotaWindow:
+    """A tenant's quota state now, in one replica (None: that limit is off).
+
+    `requests_available` / `tokens_available`: what the tenant's per-minute buckets would admit
+    at once (negative while a request that used more than it reserved is being paid back).
+    """
+
+    in_flight: int = 0
+    requests_available: float | None = None
+    tokens_available: float | None = None
+
 
 @dataclass
 class _TenantState:
@@ -114,6 +131,23 @@ class LocalQuotaLimiter:
         """Reserved, unsettled requests of `tenant` in this replica."""
         state = self._state.get(tenant)
         return 0 if state is None else state.in_flight
+
+    def window(self, tenant: Tenant) -> QuotaWindow:
+        """`QuotaBackend.window`: this replica's share; full buckets for a tenant not seen yet."""
+        limits = tenant.quotas
+        state = self._state.get(tenant.name)
+        if state is None:
+            rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+            return QuotaWindow(
+                requests_available=None if rpm is None else rpm / self.share,
+                tokens_available=None if tpm is None else tpm / self.share,
+            )
+        now = self._clock()
+        return QuotaWindow(
+            in_flight=state.in_flight,
+            requests_available=None if state.rpm is None else state.rpm.available(now),
+            tokens_available=None if state.tpm is None else state.tpm.available(now),
+        )
 
     def try_reserve(self, tenant: Tenant, tokens: int) -> Reservation:
         """Reserve or raise (see the module protocol). Never blocks."""

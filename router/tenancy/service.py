@@ -19,6 +19,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -28,7 +29,13 @@ from splitserve.router.tenancy.auth import Authenticator
 from splitserve.router.tenancy.cache_salt import cache_salt_for
 from splitserve.router.tenancy.errors import TenancyError
 from splitserve.router.tenancy.quotas import Clock, LocalQuotaLimiter, QuotaBackend, Reservation
-from splitserve.router.tenancy.tenants import UNAUTHENTICATED, Tenant, tenants_from_config
+from splitserve.router.tenancy.report import quota_fields
+from splitserve.router.tenancy.tenants import (
+    DEFAULT_TENANT,
+    UNAUTHENTICATED,
+    Tenant,
+    tenants_from_config,
+)
 from splitserve.router.tenancy.usage import UsageLedger, UsageMetrics
 from splitserve.router.tenancy.vtc import ServiceWeights, VTCScheduler
 
@@ -45,8 +52,9 @@ class RequestUsage:
         self.generated_tokens += max(tokens, 0)
 
 
-def pool_max_in_flight(cfg: SplitserveConfig, pool: str) -> int:
-    """A gate's capacity: the configured override, else the pool's sequence slots divided among
+def pool_max_in_flight(cfg: SplitserveConfig, pool: str, replicas: int | None = None) -> int:
+    """A gate's capacity: the configured override, else the sequence slots of the pool's
+    `replicas` (default: as configured; the autoscaler passes the live count) divided among
     router replicas (each replica gates its own share), at least one."""
     override = {
         "prefill": cfg.tenancy.prefill_max_in_flight,
@@ -55,7 +63,8 @@ def pool_max_in_flight(cfg: SplitserveConfig, pool: str) -> int:
     if override is not None:
         return override
     pool_cfg: PoolConfig = cfg.deployed_pools()[pool]
-    return max(1, pool_cfg.replicas * pool_cfg.max_num_seqs // cfg.router.replicas)
+    count = pool_cfg.replicas if replicas is None else replicas
+    return max(1, max(count, 1) * pool_cfg.max_num_seqs // cfg.router.replicas)
 
 
 class Tenancy:
@@ -102,6 +111,23 @@ class Tenancy:
             gates=gates,
             usage=UsageLedger(UsageMetrics(registry) if registry is not None else None),
         )
+
+    @property
+    def tenants(self) -> dict[str, Tenant]:
+        """The tenants requests can run as: the configured ones, or `default` in open mode."""
+        if self.authenticator.open_mode:
+            return {DEFAULT_TENANT.name: DEFAULT_TENANT}
+        return dict(self.authenticator.tenants)
+
+    def snapshot(self) -> dict[str, Any]:
+        """This replica's usage counters and quota windows, as plain data (see `report.py`)."""
+        return {
+            "usage": self.usage.snapshot(),
+            "quota": {
+                name: quota_fields(self.quotas.window(tenant))
+                for name, tenant in self.tenants.items()
+            },
+        }
 
     def authenticate(self, authorization: str | None) -> Tenant:
         """`Authenticator.authenticate`, counting refusals."""

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=0, help="unmeasured requests sent first")
     p.add_argument("--sweep-rates", default=None, help="comma-separated rates, e.g. 1,2,4,8")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--same-prompts", action="store_true",
+                   help="send the same prompts at every sweep rate and in the warm-up "
+                        "(default: fresh prompts each time, so no run hits another's prefix cache)")
     p.add_argument("--out", default=None, help="output dir (default bench-results/<UTC time>)")
 
 
@@ -79,6 +82,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         sweep_rates=_rates(args.sweep_rates) if args.sweep_rates else (),
         warmup=args.warmup,
         plots=not args.no_plots,
+        fresh_prompts=not args.same_prompts,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,10 @@ class BenchConfig:
     sweep_rates: tuple[float, ...] = ()
     warmup: int = 0  # unmeasured sequential requests before the (first) run
     plots: bool = True
+    # Each rate of a sweep and the warm-up draw their own prompts (seed + 1 + rate index;
+    # warm-up: seed + WARMUP_SEED_OFFSET) from the same distributions, so that no run is
+    # served from the prefix cache an earlier run filled. False: the same prompts every time.
+    fresh_prompts: bool = True
 
     def __post_init__(self) -> None:
         if any(not (math.isfinite(r) and r > 0) for r in self.sweep_rates):
@@ -61,6 +65,7 @@ def describe(cfg: BenchConfig, workload: WorkloadSpec) -> dict[str, Any]:
         "token_range": list(workload.token_range),
         "seed": workload.seed,
         "warmup": cfg.warmup,
+        "fresh_prompts": cfg.fresh_prompts,
     }
 
 
@@ -78,24 +83,38 @@ def run_once(
     return summary
 
 
+WARMUP_SEED_OFFSET = 10_000
+
+
+def rate_workload(cfg: BenchConfig, rate: float, index: int) -> WorkloadSpec:
+    """The workload of the sweep's `index`-th rate (its own prompts when `fresh_prompts`)."""
+    spec = cfg.workload.at_rate(rate)
+    return replace(spec, seed=spec.seed + 1 + index) if cfg.fresh_prompts else spec
+
+
 def run_warmup(cfg: BenchConfig, transport: Transport = None) -> None:
-    """Send `cfg.warmup` requests of the workload's shape, one at a time, and drop the results."""
+    """Send `cfg.warmup` requests of the workload's shape, one at a time, and drop the results
+    (with `fresh_prompts`, prompts that no measured run sends)."""
     if cfg.warmup:
-        requests = build_workload(cfg.workload.at_rate(math.inf))[: cfg.warmup]
+        spec = cfg.workload.at_rate(math.inf)
+        if cfg.fresh_prompts:
+            spec = replace(spec, seed=spec.seed + WARMUP_SEED_OFFSET)
+        requests = build_workload(spec)[: cfg.warmup]
         asyncio.run(warm_up(cfg.target, requests, transport))
 
 
 def run_sweep(
     cfg: BenchConfig, on_rate: OnRate = None, transport: Transport = None
 ) -> dict[str, Any]:
-    """Run the workload once per rate (same prompts), then write `sweep.json` and `sweep.png`.
+    """Run the workload once per rate (`rate_workload`), then write `sweep.json` and
+    `sweep.png`.
 
     `on_rate(rate, summary)` is called after each rate (for progress output).
     """
     points = []
-    for rate in sorted(cfg.sweep_rates):
+    for i, rate in enumerate(sorted(cfg.sweep_rates)):
         out = cfg.out_dir / rate_dir_name(rate)
-        summary = run_once(cfg, cfg.workload.at_rate(rate), out, transport)
+        summary = run_once(cfg, rate_workload(cfg, rate, i), out, transport)
         points.append(sweep_point(rate, summary))
         if on_rate is not None:
             on_rate(rate, summary)

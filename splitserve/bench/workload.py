@@ -6,8 +6,10 @@ Length syntax (`--prompt-len`, `--output-len`):
     512:128    normal distribution, mean 512, standard deviation 128, rounded, clipped to >= 1
     256-768    uniform over the integers 256..768, both ends included
 
-Prompts and arrivals come from two numpy Generators derived from one seed, so a rate sweep
-sends the same prompts at every rate, and Poisson arrivals keep their shape (only scaled).
+Prompts and arrivals come from two numpy Generators derived from one seed: the same seed at
+another rate (`at_rate`) gives the same prompts, with Poisson arrivals keeping their shape (only
+scaled). A sweep gives each rate its own seed unless told to repeat the prompts
+(`BenchConfig.fresh_prompts`), so that no rate is served from an earlier rate's prefix cache.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from splitserve.config import SplitserveConfig
+from splitserve.engine.faults import Faults
 
 Role = Literal["prefill", "decode"]
 
@@ -35,6 +36,8 @@ class EngineSpec:
     kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
     share_cores: bool = False  # dev/test only: engines may share cores when short
+    kv_lease_s: int = 30  # prefill keeps unpulled KV blocks this long (NIXL kv_lease_duration)
+    faults: Faults = Faults()  # tests only: injected faults (all off by default)
 
     @property
     def ranks(self) -> int:
@@ -76,6 +79,8 @@ def engine_spec(
         kv_transfer=cfg.mode == "disaggregated",
         kv_host=kv_host,
         share_cores=cfg.placement.share_cores,
+        kv_lease_s=cfg.disaggregation.kv_lease_s,
+        faults=Faults.from_config(cfg.faults),
     )
 
 

@@ -9,8 +9,10 @@ returns the cores, so no `EngineCore` process outlives its replica.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,8 +20,16 @@ import ray
 from ray import serve
 
 from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
-from splitserve.engine.messages import EngineStats, GenerateChunk, GenerateRequest, Sampling
+from splitserve.engine import faults
+from splitserve.engine.messages import (
+    EngineStats,
+    GenerateChunk,
+    GenerateRequest,
+    Sampling,
+    WorkerError,
+)
 from splitserve.engine.stats import LatestStats
+from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.models import resolve_model_path
 
@@ -76,6 +86,8 @@ def _remote_blocks(params: dict[str, Any] | None) -> int:
     """Blocks a decode request pulls from its prefill worker (0 for a local prefill)."""
     if not params or not params.get("do_remote_prefill"):
         return 0
+    if params.get("remote_engine_id") == faults.DEAD_PEER_ENGINE_ID:
+        return 0  # an injected KV-load failure pulls nothing
     blocks = params.get("remote_block_ids") or []
     first = blocks[0] if blocks else []
     return len(first) if isinstance(first, (list, tuple)) else len(blocks)
@@ -102,7 +114,8 @@ class EngineHost:
             cores = sorted(os.sched_getaffinity(0))[: spec.ranks]
         os.environ.update(engine_env(spec, cores))
         self.cores = cores
-        self.engine_id = f"{spec.role}-{self._holder.split('#')[-1]}"
+        self.replica_id = self._holder.split("#")[-1]
+        self.engine_id = f"{spec.role}-{self.replica_id}"
         if spec.kv_transfer:
             host = spec.kv_host or ray.util.get_node_ip_address()
             port = free_port_block(host, spec.tensor_parallel_size)
@@ -121,7 +134,7 @@ class EngineHost:
         kwargs = engine_kwargs(self.spec, model_path)
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
-                **nixl_transfer_config(self.engine_id, self.spec.device)
+                **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s)
             )
         args = AsyncEngineArgs(**kwargs)
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
@@ -129,29 +142,65 @@ class EngineHost:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Run one request to completion, yielding a chunk per engine step.
 
-        Cancelling the consumer aborts the request in the engine (vLLM frees its blocks).
+        Cancelling the consumer aborts the request in the engine (vLLM frees its blocks). A
+        handoff past its fetch deadline is recomputed instead of pulled. An engine failure is
+        raised as `WorkerError` naming this replica, so that the router can retry elsewhere.
         """
         from vllm.inputs import TokensPrompt
 
-        params = to_sampling_params(req.sampling)
-        if req.kv_transfer_params is not None:
-            params.extra_args = {"kv_transfer_params": req.kv_transfer_params}
-        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
-        if req.cache_salt:
-            prompt["cache_salt"] = req.cache_salt
-        pulled = _remote_blocks(req.kv_transfer_params) * self.kv_block_bytes
-        async for out in self.engine.generate(prompt, params, request_id=req.request_id):
-            comp = out.outputs[0]
-            yield GenerateChunk(
-                token_ids=tuple(comp.token_ids),
-                text=comp.text,
-                finish_reason=comp.finish_reason if out.finished else None,
-                num_prompt_tokens=len(out.prompt_token_ids or ()),
-                num_cached_tokens=out.num_cached_tokens or 0,
-                replica=self._holder,
-                kv_bytes=pulled if out.finished else 0,
-                kv_transfer_params=out.kv_transfer_params if out.finished else None,
-            )
+        try:
+            if self.spec.faults.active:
+                await self._inject_faults(req)
+            kv_params, expired = engine_kv_params(req.kv_transfer_params, time.time())
+            if expired:
+                self._stats.kv_handoffs_expired += 1
+                log.warning("%s: handoff of %s expired; recomputing", self._holder, req.request_id)
+            if kv_params is not None and self.spec.faults.active:
+                kv_params = self._faulty_kv_params(req, kv_params)
+            params = to_sampling_params(req.sampling)
+            if kv_params is not None:
+                params.extra_args = {"kv_transfer_params": kv_params}
+            prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
+            if req.cache_salt:
+                prompt["cache_salt"] = req.cache_salt
+            pulled = _remote_blocks(kv_params) * self.kv_block_bytes
+            async for out in self.engine.generate(prompt, params, request_id=req.request_id):
+                comp = out.outputs[0]
+                yield GenerateChunk(
+                    token_ids=tuple(comp.token_ids),
+                    text=comp.text,
+                    finish_reason=comp.finish_reason if out.finished else None,
+                    num_prompt_tokens=len(out.prompt_token_ids or ()),
+                    num_cached_tokens=out.num_cached_tokens or 0,
+                    replica=self._holder,
+                    kv_bytes=pulled if out.finished else 0,
+                    kv_transfer_params=out.kv_transfer_params if out.finished else None,
+                )
+        except Exception as err:  # noqa: BLE001 - cancellation (BaseException) passes through
+            raise WorkerError(self.replica_id, f"{type(err).__name__}: {err}") from None
+
+    async def _inject_faults(self, req: GenerateRequest) -> None:
+        """Tests only (`faults` config): slow or fail this request before the engine sees it."""
+        f, ids = self.spec.faults, req.prompt_token_ids
+        if self.spec.role == "prefill":
+            if f.prefill_delay_s:
+                await asyncio.sleep(f.prefill_delay_s)
+            if faults.prefill_fails(f, ids):
+                raise faults.InjectedFault("injected prefill failure")
+        elif req.kv_transfer_params and req.kv_transfer_params.get("do_remote_prefill"):
+            delay = faults.kv_load_delay_s(f, ids)
+            if delay:
+                await asyncio.sleep(delay)
+
+    def _faulty_kv_params(self, req: GenerateRequest, params: dict[str, Any]) -> dict[str, Any]:
+        """Tests only: point a hit prompt's KV pull at a dead peer (the connector then fails)."""
+        if self.spec.role != "decode" or not faults.kv_load_fails(
+            self.spec.faults, req.prompt_token_ids
+        ):
+            return params
+        if not hasattr(self, "_dead_port"):
+            self._dead_port = faults.closed_port(str(params.get("remote_host") or "127.0.0.1"))
+        return faults.dead_peer_params(params, self._dead_port)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve's hook: load figures the pool's request router reads (see replica_router)."""

@@ -35,6 +35,7 @@ class GenerateRequest:
     sampling: Sampling
     kv_transfer_params: dict[str, Any] | None = None
     cache_salt: str | None = None  # scopes prefix caching (derived from the tenant)
+    avoid_replicas: tuple[str, ...] = ()  # replica ids that failed this request (retries)
 
 
 @dataclass(frozen=True)
@@ -69,4 +70,18 @@ class EngineStats:
     prefix_cache_hits: int = 0
     kv_transfers: int = 0  # KV pulls this engine completed (decode side)
     kv_bytes_received: int = 0
+    kv_transfer_seconds: float = 0.0  # summed NIXL transfer durations (post to completion)
     kv_transfer_failures: int = 0
+    kv_handoffs_expired: int = 0  # handoffs recomputed because their fetch deadline had passed
+
+
+class WorkerError(RuntimeError):
+    """A worker failed a request; `replica` (the replica's unique id) lets a retry avoid it."""
+
+    def __init__(self, replica: str, message: str) -> None:
+        super().__init__(replica, message)  # both in args: the exception pickles across Ray
+        self.replica = replica
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} (replica {self.replica})"

@@ -20,7 +20,9 @@ class LatestStats:
         self.prefix_hits = 0
         self.kv_transfers = 0
         self.kv_bytes = 0
+        self.kv_seconds = 0.0
         self.kv_failures = 0
+        self.kv_handoffs_expired = 0  # counted by the host: handoffs recomputed, never pulled
 
     def factory(self, vllm_config: Any, engine_index: int = 0):
         """A vLLM `StatLoggerFactory` bound to this holder."""
@@ -50,6 +52,7 @@ class LatestStats:
         """Accumulate one step's NIXL connector stats (vLLM resets them every step)."""
         self.kv_transfers += len(stats.get("transfer_duration", ()))
         self.kv_bytes += int(sum(stats.get("bytes_transferred", ())))
+        self.kv_seconds += float(sum(stats.get("transfer_duration", ())))
         for key in ("num_failed_transfers", "num_failed_handshakes", "num_kv_expired_reqs"):
             self.kv_failures += len(stats.get(key, ()))
 
@@ -67,5 +70,7 @@ class LatestStats:
             prefix_cache_hits=self.prefix_hits,
             kv_transfers=self.kv_transfers,
             kv_bytes_received=self.kv_bytes,
+            kv_transfer_seconds=self.kv_seconds,
             kv_transfer_failures=self.kv_failures,
+            kv_handoffs_expired=self.kv_handoffs_expired,
         )

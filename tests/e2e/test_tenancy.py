@@ -1,6 +1,7 @@
-"""Multi-tenant API end to end with the real `openai` client: keys, quotas, cache isolation.
+"""Multi-tenant API end to end with the real `openai` client: keys, quotas, cache isolation, and
+the admin usage endpoint (`GET /v1/usage`).
 
-One colocated deployment with four tenants. Quota windows are a minute, so recovery after the
+One colocated deployment with eight tenants and an admin key. Quota windows are a minute, so recovery after the
 window is covered by the unit tests with a fake clock (tests/unit/tenancy), not here.
 """
 
@@ -16,7 +17,11 @@ from tests.conftest import running_deployment, test_config
 pytestmark = pytest.mark.engine
 
 MODEL = "splitserve-tiny"
-KEYS = {name: generate_api_key() for name in ("alice", "bob", "carol", "dave", "erin")}
+KEYS = {
+    name: generate_api_key()
+    for name in ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi")
+}
+ADMIN_KEY = generate_api_key()
 LONG_PROMPT = "Every tenant has a key, a quota, and a fair share of the machines. " * 40
 
 
@@ -36,8 +41,20 @@ def deployment():
             "quotas": {"tokens_per_minute": 400},
         },
         {"name": "erin", "api_key_hashes": [hash_api_key(KEYS["erin"])]},
+        # frank, grace and heidi are used only by the /v1/usage tests, so their counts are exact
+        {"name": "frank", "api_key_hashes": [hash_api_key(KEYS["frank"])]},
+        {"name": "grace", "api_key_hashes": [hash_api_key(KEYS["grace"])]},
+        {
+            "name": "heidi",
+            "api_key_hashes": [hash_api_key(KEYS["heidi"])],
+            "quotas": {"requests_per_minute": 1},
+        },
     ]
-    cfg = test_config(mode="colocated", tenants=tenants)
+    cfg = test_config(
+        mode="colocated",
+        tenants=tenants,
+        **{"tenancy.admin_key_hashes": [hash_api_key(ADMIN_KEY)]},
+    )
     with running_deployment(cfg) as base:
         yield base
 
@@ -133,3 +150,66 @@ def test_usage_counters_per_tenant(deployment):
     text = httpx.get(f"{deployment}/metrics").text
     assert 'splitserve_tenant_requests_total{tenant="alice"}' in text
     assert 'reason="rpm"' in text
+
+
+def _usage(base: str, key: str | None = ADMIN_KEY, **params: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{base}/v1/usage", headers=headers, params=params, timeout=30)
+
+
+def test_usage_endpoint_needs_the_admin_key(deployment):
+    for key in (None, "sk-ss-not-the-admin-key", KEYS["alice"]):  # a tenant key is not enough
+        r = _usage(deployment, key)
+        assert r.status_code == 401, key
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert _usage(deployment).status_code == 200
+
+
+def test_usage_endpoint_counts_what_the_api_returned(deployment):
+    frank, grace = _client(deployment, "frank"), _client(deployment, "grace")
+    answers = [_chat(frank, "one", max_tokens=3), _chat(frank, "two words", max_tokens=5)]
+    stream = frank.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "three"}], max_tokens=4,
+        stream=True, stream_options={"include_usage": True},
+    )
+    answers.append([c for c in stream if c.usage is not None][-1])
+    answers.append(grace.completions.create(model=MODEL, prompt="grace", max_tokens=6))
+    r = _usage(deployment)
+    assert r.status_code == 200
+    report = r.json()
+    assert report["object"] == "usage"
+    assert report["scope"] == "cluster" and report["replicas"] == 1  # through the usage board
+    for name, mine in (("frank", answers[:3]), ("grace", answers[3:])):
+        entry = report["tenants"][name]
+        assert entry["requests"] == len(mine)
+        assert entry["prompt_tokens"] == sum(a.usage.prompt_tokens for a in mine)
+        assert entry["completion_tokens"] == sum(a.usage.completion_tokens for a in mine)
+        assert entry["total_tokens"] == sum(a.usage.total_tokens for a in mine)
+        assert entry["rejections"] == {}
+        assert entry["quota"]["in_flight"] == 0
+    assert report["tenants"]["frank"]["completion_tokens"] == 3 + 5 + 4
+    only = _usage(deployment, tenant="grace").json()
+    assert list(only["tenants"]) == ["grace"]
+    assert only["tenants"]["grace"] == report["tenants"]["grace"]
+    missing = _usage(deployment, tenant="nobody")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "tenant_not_found"
+
+
+def test_usage_endpoint_counts_a_429_under_its_reason(deployment):
+    heidi = _client(deployment, "heidi")
+    served = _chat(heidi)
+    with pytest.raises(openai.RateLimitError):
+        _chat(heidi)
+    entry = _usage(deployment, tenant="heidi").json()["tenants"]["heidi"]
+    assert entry["requests"] == 1
+    assert entry["completion_tokens"] == served.usage.completion_tokens
+    assert entry["rejections"] == {"rpm": 1}
+    assert entry["quota"]["requests_per_minute"] == 1
+    assert entry["quota"]["requests_available"] < 1  # the minute's one request is spent
+    # refusals before a tenant is known are counted under "-"
+    httpx.post(f"{deployment}/v1/completions", json={"model": MODEL, "prompt": "x"})
+    anonymous = _usage(deployment, tenant="-").json()["tenants"]["-"]
+    assert anonymous["rejections"]["missing_api_key"] >= 1
+    assert anonymous["quota"] is None

@@ -198,3 +198,16 @@ def test_missing_file_names_path(tmp_path) -> None:
 def test_embedded_default_yaml_equals_model_defaults() -> None:
     # the YAML users copy must describe exactly what runs when no file is given
     assert load_config(None) == SplitserveConfig()
+
+
+def test_override_switches_on_an_optional_section_with_defaults() -> None:
+    from splitserve.config import load_config
+
+    base = load_config(None)
+    assert base.autoscaling is None
+    cfg = base.with_overrides(**{"autoscaling.policy": "queue", "autoscaling.max_replicas": 3})
+    assert cfg.autoscaling is not None
+    assert (cfg.autoscaling.policy, cfg.autoscaling.max_replicas) == ("queue", 3)
+    assert cfg.autoscaling.control_period_s == 5.0  # the rest are defaults
+    with pytest.raises(ConfigError, match="no config section 'nosuch'"):
+        base.with_overrides(**{"router.nosuch.x": 1})

@@ -104,7 +104,8 @@ worker group by the custom resource "splitserve-<pool>". Every other option come
       "route_prefix" "/"
       "import_path" "splitserve.app:app_builder"
       "args" $args
-      "deployments" $deployments }}
+      "deployments" $deployments
+      "external_scaler_enabled" (not (empty $cfg.autoscaling)) }}
 {{- $http := dict "host" $cfg.router.host "port" (int $cfg.router.port) }}
 {{- toYaml (dict "http_options" $http "applications" (list $app)) }}
 {{- end }}

@@ -102,3 +102,19 @@ def test_at_rate_keeps_prompts_and_scales_arrivals():
 def test_spec_validation(kw):
     with pytest.raises(ValueError):
         spec(**kw)
+
+
+def test_sweep_rates_get_fresh_prompts_unless_asked_to_repeat(tmp_path):
+    from splitserve.bench.client import Target
+    from splitserve.bench.runner import BenchConfig, rate_workload
+    from splitserve.bench.stats import SLO
+
+    def prompts(fresh: bool, i: int) -> list[list[int]]:
+        cfg = BenchConfig(Target("http://127.0.0.1:1/v1", "m"), spec(rate=1.0), SLO(1000, 100),
+                          tmp_path, sweep_rates=(1.0, 2.0), fresh_prompts=fresh)
+        return [list(r.prompt) for r in build_workload(rate_workload(cfg, 2.0, i))]
+
+    assert prompts(False, 0) == prompts(False, 1)
+    assert prompts(True, 0) != prompts(True, 1)
+    first = {tuple(p) for p in prompts(True, 0)}
+    assert not first & {tuple(p) for p in prompts(True, 1)}  # no prompt repeats across rates

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from splitserve.controller.planner import Slo
 from splitserve.controller.sim import Scenario, TraceSpec, build, make_trace, run_scenario
-from splitserve.controller.sim import control as control_module
+from splitserve.controller import control as control_module
 from splitserve.controller.sim.replica import Replica
 
 # Small enough for seconds, large enough for bursts: base 20 req/s (~60 at the peak) of

@@ -1,5 +1,6 @@
-"""The simulated controller: every control period it feeds each pool's sample window to the real
-policy functions of `splitserve.controller.autoscale` and returns the desired replica counts.
+"""The control step shared by the live controller (`controller.live`) and the simulator: every
+control period it feeds each pool's sample window to the policy functions of
+`splitserve.controller.autoscale` and returns the desired replica counts.
 
 Policies: "ours" (`slo_policy`), "queue" (`queue_policy`, Ray Serve's default) and
 "fixed-peak" (no scaling; the pools start sized for the trace's peak).

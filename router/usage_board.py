@@ -1,0 +1,140 @@
+"""The usage board: one actor per router deployment that holds every router replica's latest
+tenancy snapshot, so that `GET /v1/usage` answers with cluster totals whichever replica serves it.
+
+    replica ──publish(replica_id, Tenancy.snapshot()) every PUBLISH_INTERVAL_S──▶ UsageBoard
+    GET /v1/usage: publish own snapshot, then snapshots() ──▶ report.usage_report (sums them)
+
+The board is a Serve deployment-scoped actor (`deployment_actor_config`, declared on the router
+deployment): Serve starts it with the deployment, restarts it if it dies, and removes it with the
+application. Snapshots are cumulative, so the board keeps only the latest per replica and a
+restarted board is whole again one interval later (a replica that died meanwhile is lost, as its
+Prometheus counters are). Other replicas' figures are at most about one interval old.
+
+If the board cannot be reached, the endpoint falls back to this replica's own counters and says
+so (`"scope": "replica"`); it never fails because of the board.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from splitserve.router.tenancy.report import ReplicaSnapshot
+
+log = logging.getLogger("splitserve.router")
+
+BOARD = "usage_board"  # the deployment-scoped actor's name
+# One small actor call per replica per second: cheap, and fresh enough for an admin report.
+PUBLISH_INTERVAL_S = 1.0
+# The board answers from memory in microseconds; two seconds means it is gone or restarting.
+BOARD_TIMEOUT_S = 2.0
+
+
+class UsageBoard:
+    """The latest snapshot of each router replica (`UsageBoardActor` runs it as a Ray actor)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._latest: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def publish(self, replica: str, snapshot: dict[str, Any]) -> None:
+        """Replace `replica`'s snapshot (snapshots are cumulative, so the latest is all of it)."""
+        self._latest[replica] = (snapshot, self._clock())
+
+    def snapshots(self) -> list[tuple[dict[str, Any], float]]:
+        """Every replica's latest snapshot with its age in seconds."""
+        now = self._clock()
+        return [(snap, now - at) for snap, at in self._latest.values()]
+
+
+UsageBoardActor = ray.remote(num_cpus=0)(UsageBoard)
+
+
+def deployment_actor_config() -> Any:
+    """The router deployment's `deployment_actors` entry for the board."""
+    from ray.serve.config import DeploymentActorConfig
+
+    return DeploymentActorConfig(
+        name=BOARD, actor_class=UsageBoardActor, actor_options={"num_cpus": 0}
+    )
+
+
+def _lookup_board() -> Any:
+    from ray import serve
+
+    return serve.get_deployment_actor(BOARD)
+
+
+class UsagePublisher:
+    """This replica's side of the board: publishes in the background, collects for a report.
+
+    `board`: returns the board's actor handle (looked up again after any failure, since Serve
+    may have restarted the board). Runs on the replica's event loop only.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        replica: str,
+        *,
+        board: Callable[[], Any] = _lookup_board,
+        interval_s: float = PUBLISH_INTERVAL_S,
+        timeout_s: float = BOARD_TIMEOUT_S,
+    ) -> None:
+        self.snapshot = snapshot
+        self.replica = replica
+        self._lookup = board
+        self._board: Any = None
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start publishing every interval (idempotent; needs a running event loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(Exception):  # the next interval retries; collect() logs
+                await self.publish()
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        try:
+            if self._board is None:
+                self._board = self._lookup()
+            reply = asyncio.ensure_future(getattr(self._board, method).remote(*args))
+            try:
+                # Not `wait_for`: on Python 3.11 it can swallow a cancellation that races with
+                # the reply, and this runs in a task that must stop when the replica does.
+                await asyncio.wait({reply}, timeout=self.timeout_s)
+            finally:
+                reply.cancel()  # no-op when it has answered
+            if reply.cancelled():
+                raise TimeoutError(f"the usage board did not answer within {self.timeout_s}s")
+            return reply.result()
+        except BaseException:
+            self._board = None  # a stale handle: look the board up again next time
+            raise
+
+    async def publish(self) -> None:
+        """Send this replica's snapshot to the board now."""
+        await self._call("publish", self.replica, self.snapshot())
+
+    async def collect(self) -> tuple[list[ReplicaSnapshot], str]:
+        """Every replica's snapshot and the scope: `"cluster"`, or `"replica"` (only this one)
+        when the board cannot be reached."""
+        try:
+            await self.publish()
+            entries = await self._call("snapshots")
+        except Exception as err:  # noqa: BLE001 - any board trouble: answer with what we have
+            log.warning("usage board unreachable (%r); reporting this replica only", err)
+            return [ReplicaSnapshot.of(self.snapshot())], "replica"
+        return [ReplicaSnapshot.of(snap, age) for snap, age in entries], "cluster"

@@ -1,0 +1,586 @@
+"""Multi-tenant routing: prefix-aware vs round-robin prefill routing, and tenancy's overhead.
+
+    .venv/bin/python scripts/bench_routing.py [--part prefix|tenancy ...] [--tenants 4]
+        [--requests 48] [--rate 1] [--prefix-len 600-1200] [--suffix-len 32-96]
+        [--output-len 8] [--overhead-requests 200] [--concurrency 1,4,16,64]
+        [--level-seconds 6] [--rounds 1] [--seed 0] [--out bench-results/routing]
+
+Part `prefix` (two deployments, one after the other, Ray in this process through
+`tests.conftest.running_deployment`): mode disaggregated with 2 prefill replicas and 1 decode
+replica, `placement.share_cores` on (3 engines on a 2-core machine), one deployment per prefill
+routing policy (`router.routing.prefill` = prefix_aware, then round_robin; routing block size
+128 = the CPU engine's KV block). `--tenants` tenants with API keys; each has a long system
+prompt (`--prefix-len` tokens) and every request appends a unique suffix (`--suffix-len`).
+Tenants 0 and 1 use the *same* system prompt: their cache salts differ, so they must not share
+cached blocks. The same seeded request sequence (tenant, prompt, Poisson arrival) is sent to both
+deployments. Reported: TTFT mean/p90 (streamed), and the prefill pool's prefix cache hit rate
+(hit tokens / queried prompt tokens, from the engines' own counters, read before and after the
+run), next to the hit rate that the same policy reaches in a sequential simulation over idle
+replicas with unbounded caches (`router.routing`'s pure policies, the real cache salts).
+
+Part `tenancy` (two deployments, off then on, `--rounds` times alternating): mode colocated, one
+engine. Off = open mode (no tenants, no keys); on = `--tenants` tenants with keys and quotas so
+high that they never reject (the quota, VTC and auth paths all run). Measures (a) the router's
+added latency: requests alternate between the HTTP path (proxy -> router -> engine) and the
+engine's Serve handle called directly, same token ids, max_tokens=1, p50/p99; (b) the highest
+completed-requests rate in a closed-loop concurrency sweep (max_tokens=1, 32-token prompts), and
+the engine alone through its handle at the top concurrency as a bound.
+
+Writes, under --out: results.json (rewritten after each deployment) and
+prefix/<policy>/requests.jsonl. Prints a table per part.
+
+Time: about 14 minutes on 2 cores with the defaults, most of it start-up (a 3-engine deployment
+on shared cores takes ~3 minutes to load, a 1-engine one ~1.5). The load generator shares the 2
+cores with the engines: compare rows with each other, not with a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from splitserve.router.routing import (
+    ReplicaState,
+    choose_replica,
+    make_policy,
+    routing_request,
+)
+from splitserve.router.tenancy import cache_salt_for, generate_api_key, hash_api_key
+
+from splitserve.bench.client import Target, make_client, send_one
+from splitserve.bench.report import write_json, write_requests
+from splitserve.bench.results import RequestResult
+from splitserve.bench.stats import percentiles
+from splitserve.bench.workload import BenchRequest, LengthSpec, arrival_times
+from splitserve.config import RoutingConfig
+from tests.conftest import running_deployment, test_config
+
+MODEL = "splitserve-tiny"
+ENGINE_BLOCK = 128  # vLLM's CPU KV block size; the router hashes blocks of the same size
+TOKENS = (10, 500)  # the tiny model's ordinary token ids
+POLICIES = ("prefix_aware", "round_robin")
+HIGH_QUOTAS = {  # never reached: the quota code runs, nothing is refused
+    "requests_per_minute": 10**7,
+    "tokens_per_minute": 10**10,
+    "max_concurrent_requests": 10**5,
+    "max_tokens_per_request": 10**5,
+}
+SHORT_PROMPT_LEN = 32  # part 2: below one KV block, so the prefix cache plays no part
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", action="append", choices=("prefix", "tenancy"), help="default: both")
+    p.add_argument("--tenants", type=int, default=4)
+    p.add_argument("--requests", type=int, default=48, help="part 1: measured requests")
+    p.add_argument("--rate", type=float, default=1.0, help="part 1: Poisson requests/s")
+    p.add_argument("--prefix-len", default="600-1200", help="system prompt tokens per tenant")
+    p.add_argument("--suffix-len", default="32-96", help="unique user tokens per request")
+    p.add_argument("--output-len", type=int, default=8)
+    p.add_argument("--overhead-requests", type=int, default=200, help="part 2: pairs")
+    p.add_argument("--concurrency", default="1,4,16,64", help="part 2: closed-loop levels")
+    p.add_argument("--level-seconds", type=float, default=6.0, help="part 2: per level")
+    p.add_argument("--rounds", type=int, default=1, help="part 2: off/on deployments each")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-results/routing")
+    args = p.parse_args(argv)
+    args.part = args.part or ["prefix", "tenancy"]
+    args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    if args.tenants < 2:
+        p.error("--tenants must be at least 2 (tenants 0 and 1 share a system prompt)")
+    return args
+
+
+# ---------------------------------------------------------------- tenants and workload (pure)
+
+
+def tenant_keys(n: int) -> dict[str, str]:
+    """A fresh API key per tenant, by tenant name."""
+    return {f"tenant-{i}": generate_api_key() for i in range(n)}
+
+
+def tenants_config(keys: dict[str, str]) -> list[dict[str, Any]]:
+    """The `tenants` config section for these keys, with quotas that never refuse."""
+    return [
+        {"name": name, "api_key_hashes": [hash_api_key(key)], "quotas": HIGH_QUOTAS}
+        for name, key in keys.items()
+    ]
+
+
+@dataclass(frozen=True)
+class TenantRequest:
+    """One request of the multi-tenant workload: whose it is, and what and when to send."""
+
+    tenant: str
+    request: BenchRequest
+
+
+def tenant_workload(
+    tenants: Sequence[str],
+    n: int,
+    rate: float,
+    prefix: LengthSpec,
+    suffix: LengthSpec,
+    output_len: int,
+    seed: int,
+) -> list[TenantRequest]:
+    """Seeded: per tenant a system prompt (tenants 0 and 1 share one), then per request a random
+    tenant, its system prompt + a unique suffix, and a Poisson arrival."""
+    rng = np.random.default_rng([seed, 10])
+    lengths = prefix.sample(rng, len(tenants))
+    systems = [tuple(int(t) for t in rng.integers(*TOKENS, int(k))) for k in lengths]
+    systems[1] = systems[0]
+    owners = rng.integers(0, len(tenants), n)
+    tails = suffix.sample(rng, n)
+    times = arrival_times(n, rate, "poisson", np.random.default_rng([seed, 11]))
+    out = []
+    for i in range(n):
+        tail = tuple(int(t) for t in rng.integers(*TOKENS, int(tails[i])))
+        prompt = systems[owners[i]] + tail
+        out.append(
+            TenantRequest(tenants[owners[i]], BenchRequest(i, float(times[i]), prompt, output_len))
+        )
+    return out
+
+
+def simulated_hit_rate(workload: Sequence[TenantRequest], policy: str, replicas: int) -> float:
+    """Prefix cache hit rate of `policy` sending the workload one request at a time to idle
+    replicas with unbounded caches: hits are the leading cached full blocks, at most
+    (prompt - 1) tokens, as vLLM counts them."""
+    pol = make_policy(policy, RoutingConfig(block_size=ENGINE_BLOCK))
+    states = [ReplicaState(f"r{i}") for i in range(replicas)]
+    held: dict[str, set[int]] = {s.replica_id: set() for s in states}
+    hits = queried = 0
+    for tr in workload:
+        prompt = tr.request.prompt
+        req = routing_request(prompt, cache_salt_for(tr.tenant, None), block_size=ENGINE_BLOCK)
+        rid = choose_replica(pol, req, states)
+        lead = next(
+            (i for i, h in enumerate(req.block_hashes) if h not in held[rid]), req.num_blocks
+        )
+        hits += min(lead, (len(prompt) - 1) // ENGINE_BLOCK) * ENGINE_BLOCK
+        queried += len(prompt)
+        held[rid].update(req.block_hashes)
+        pol.record(rid, req.block_hashes)
+    return hits / queried
+
+
+# ---------------------------------------------------------------- engine counters
+
+
+def replica_actors(pool: str) -> dict[str, Any]:
+    """The Ray actors of a pool's Serve replicas, by replica ("prefill#<id>")."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::splitserve#{pool}#"
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {
+        a["name"].split("#", 1)[1]: ray.get_actor(a["name"], namespace=a["namespace"])
+        for a in named
+        if a["name"].startswith(prefix)
+    }
+
+
+def pool_stats(pool: str, replicas: int) -> dict[str, Any]:
+    """Each replica's `EngineStats` and Serve routing stats, asked of every replica directly.
+
+    Not through the pool's handle: its request router picks one replica per call, and after a
+    run it kept picking the same one. Calling a replica actor's user method takes Serve's
+    internal request envelope (`RequestMetadata`); fine for a benchmark, not for product code.
+    Falls back to asking through the handle (slowly, until every replica answered).
+    """
+    import pickle
+    import uuid
+
+    import ray
+    from ray import serve
+    from ray.serve._private.common import RequestMetadata
+
+    out: dict[str, Any] = {}
+    try:
+        for rid, actor in replica_actors(pool).items():
+            req_id = f"bench-stats-{uuid.uuid4().hex}"
+            meta = RequestMetadata(
+                request_id=req_id,
+                internal_request_id=req_id,
+                call_method="stats",
+                app_name="splitserve",
+            )
+            stats = ray.get(actor.handle_request.remote(pickle.dumps(meta)))
+            out[rid] = {"engine": stats, "routing": ray.get(actor.record_routing_stats.remote())}
+    except Exception as err:  # noqa: BLE001 - Serve internals moved: use the handle
+        print(f"[stats] direct replica call failed ({err!r}); asking through the handle")
+    handle = serve.get_deployment_handle(pool, app_name="splitserve")
+    for _ in range(120):
+        if len(out) >= replicas:
+            return out
+        s = handle.stats.remote().result()
+        out.setdefault(s.replica, {"engine": s, "routing": None})
+        time.sleep(0.5)
+    raise RuntimeError(f"only {len(out)} of {replicas} {pool} replicas answered stats")
+
+
+def cache_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Prefix-cache queries and hits (tokens) per replica between two `pool_stats`."""
+    per = {
+        rid: {
+            "queried_tokens": after[rid]["engine"].prefix_cache_queries
+            - before[rid]["engine"].prefix_cache_queries,
+            "hit_tokens": after[rid]["engine"].prefix_cache_hits
+            - before[rid]["engine"].prefix_cache_hits,
+            "routing_stats_after": after[rid]["routing"],
+        }
+        for rid in after
+    }
+    queried = sum(r["queried_tokens"] for r in per.values())
+    hits = sum(r["hit_tokens"] for r in per.values())
+    return {
+        "hit_rate": hits / queried if queried else None,
+        "queried_tokens": queried,
+        "hit_tokens": hits,
+        "per_replica": per,
+    }
+
+
+# ---------------------------------------------------------------- part 1: prefix routing
+
+
+async def send_workload(
+    base: str, keys: dict[str, str], workload: Sequence[TenantRequest]
+) -> tuple[list[RequestResult], float]:
+    """Send each request at its arrival offset with its tenant's key (open loop, streamed)."""
+    targets = {t: Target(f"{base}/v1", MODEL, api_key=k) for t, k in keys.items()}
+    clients = {t: make_client(target) for t, target in targets.items()}
+    try:
+        t0 = time.perf_counter()
+
+        async def one(tr: TenantRequest) -> RequestResult:
+            delay = tr.request.arrival_s - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return await send_one(clients[tr.tenant], targets[tr.tenant], tr.request, t0)
+
+        results = await asyncio.gather(*(one(tr) for tr in workload))
+        return list(results), time.perf_counter() - t0
+    finally:
+        for c in clients.values():
+            await c.aclose()
+
+
+def warmup_workload(tenants: Sequence[str], n: int, seed: int) -> list[TenantRequest]:
+    """Sequential requests with random long prompts that share nothing with the measured ones."""
+    rng = np.random.default_rng([seed, 99])
+    return [
+        TenantRequest(
+            tenants[i % len(tenants)],
+            BenchRequest(i, 0.0, tuple(int(t) for t in rng.integers(*TOKENS, 900)), 4),
+        )
+        for i in range(n)
+    ]
+
+
+def run_policy(
+    args: argparse.Namespace,
+    policy: str,
+    keys: dict[str, str],
+    workload: list[TenantRequest],
+    out: Path,
+) -> dict[str, Any]:
+    """Deploy 2 prefill + 1 decode with `policy` on the prefill pool, send the workload."""
+    cfg = test_config(
+        **{
+            "mode": "disaggregated",
+            "pools.prefill.replicas": 2,
+            "placement.share_cores": True,
+            "router.routing.prefill": policy,
+            "router.routing.block_size": ENGINE_BLOCK,
+            "tenants": tenants_config(keys),
+        }
+    )
+    start = time.perf_counter()
+    with running_deployment(cfg) as base:
+        print(f"[prefix/{policy}] ready after {time.perf_counter() - start:.0f} s", flush=True)
+        for tr in warmup_workload(list(keys), 6, args.seed):
+            asyncio.run(send_workload(base, keys, [tr]))
+        time.sleep(1)
+        before, dec_before = pool_stats("prefill", 2), pool_stats("decode", 1)
+        results, duration = asyncio.run(send_workload(base, keys, workload))
+        time.sleep(2)  # the engines' last step statistics
+        after, dec_after = pool_stats("prefill", 2), pool_stats("decode", 1)
+    write_requests(out / policy / "requests.jsonl", results)
+    ok = [r for r in results if r.ok]
+    return {
+        "duration_s": duration,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok}),
+        "ttft_ms": percentiles((r.ttft_s for r in ok), 1000),
+        "e2e_ms": percentiles((r.e2e_s for r in ok), 1000),
+        "prefill_cache": cache_delta(before, after),
+        "decode_cache": cache_delta(dec_before, dec_after),
+        "simulated_prefill_hit_rate": simulated_hit_rate(workload, policy, 2),
+    }
+
+
+def bench_prefix(args: argparse.Namespace, out: Path, results: dict[str, Any], save) -> None:
+    """Part 1: both policies on the same seeded multi-tenant workload, into `results`."""
+    keys = tenant_keys(args.tenants)
+    workload = tenant_workload(
+        list(keys),
+        args.requests,
+        args.rate,
+        LengthSpec.parse(args.prefix_len),
+        LengthSpec.parse(args.suffix_len),
+        args.output_len,
+        args.seed,
+    )
+    results.update(
+        {
+            "workload": {
+                "tenants": args.tenants,
+                "requests": args.requests,
+                "rate": args.rate,
+                "prefix_len": args.prefix_len,
+                "suffix_len": args.suffix_len,
+                "output_len": args.output_len,
+                "shared_system_prompt": ["tenant-0", "tenant-1"],
+                "mean_prompt_tokens": float(np.mean([len(t.request.prompt) for t in workload])),
+            },
+            "policies": {},
+        }
+    )
+    for policy in POLICIES:
+        results["policies"][policy] = run_policy(args, policy, keys, workload, out / "prefix")
+        save()
+
+
+# ---------------------------------------------------------------- part 2: tenancy overhead
+
+
+def short_prompt(seed: int) -> list[int]:
+    """A fixed prompt shorter than one KV block."""
+    return [int(t) for t in np.random.default_rng([seed, 20]).integers(*TOKENS, SHORT_PROMPT_LEN)]
+
+
+def completion(ids: list[int]) -> dict[str, Any]:
+    """A non-streamed one-token completion body."""
+    return {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}
+
+
+async def direct_once(handle, ids: list[int], tag: str) -> float:
+    """Seconds for one max_tokens=1 request through the engine's Serve handle (no router)."""
+    from splitserve.engine.messages import GenerateRequest, Sampling
+
+    req = GenerateRequest(
+        request_id=f"bench-direct-{tag}",
+        prompt_token_ids=tuple(ids),
+        sampling=Sampling(max_tokens=1, temperature=0.0),
+    )
+    t = time.perf_counter()
+    async for _ in handle.options(stream=True).generate.remote(req):
+        pass
+    return time.perf_counter() - t
+
+
+async def routed_once(client: httpx.AsyncClient, ids: list[int], headers: dict) -> float:
+    """Seconds for one max_tokens=1 request through the HTTP proxy and the router."""
+    t = time.perf_counter()
+    r = await client.post("/v1/completions", json=completion(ids), headers=headers)
+    r.raise_for_status()
+    return time.perf_counter() - t
+
+
+def pct_ms(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile of seconds `xs`, in ms."""
+    return round(float(np.percentile(xs, q)) * 1000, 2)
+
+
+async def overhead(base: str, handle, ids: list[int], headers: list[dict], n: int) -> dict:
+    """Router vs direct latency, alternating one of each, sequential."""
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        for i in range(10):  # warm both paths
+            await direct_once(handle, ids, f"w{i}")
+            await routed_once(client, ids, headers[i % len(headers)])
+        direct, routed = [], []
+        for i in range(n):
+            direct.append(await direct_once(handle, ids, str(i)))
+            routed.append(await routed_once(client, ids, headers[i % len(headers)]))
+    diffs = [r - d for r, d in zip(routed, direct, strict=True)]
+    return {
+        "pairs": n,
+        "direct_p50_ms": pct_ms(direct, 50),
+        "direct_p99_ms": pct_ms(direct, 99),
+        "router_p50_ms": pct_ms(routed, 50),
+        "router_p99_ms": pct_ms(routed, 99),
+        "added_p50_ms": round(pct_ms(routed, 50) - pct_ms(direct, 50), 2),
+        "added_p99_ms": round(pct_ms(routed, 99) - pct_ms(direct, 99), 2),
+        "paired_diff_median_ms": pct_ms(diffs, 50),
+    }
+
+
+async def closed_loop(send, concurrency: int, seconds: float, warm_s: float = 1.0) -> dict:
+    """`concurrency` workers each calling `send(i)` back to back; completions per second counted
+    in a window of `seconds` after `warm_s`, and their latency."""
+    t0 = time.perf_counter()
+    start, stop = t0 + warm_s, t0 + warm_s + seconds
+    done: list[tuple[float, float]] = []
+    errors = 0
+
+    async def worker(w: int) -> None:
+        nonlocal errors
+        i = w
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            try:
+                await send(i)
+                done.append((time.perf_counter(), time.perf_counter() - t))
+            except Exception:  # noqa: BLE001 - counted, the sweep goes on
+                errors += 1
+            i += concurrency
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    window = [lat for end, lat in done if start <= end <= stop]
+    return {
+        "concurrency": concurrency,
+        "requests_per_s": round(len(window) / seconds, 2),
+        "latency_p50_ms": pct_ms(window, 50) if window else None,
+        "errors": errors,
+    }
+
+
+async def sweep(
+    base: str, handle, ids: list[int], headers: list[dict], levels: Sequence[int], seconds: float
+) -> dict:
+    """Closed-loop rate per concurrency level through the router, then direct at the top."""
+    limits = httpx.Limits(max_connections=max(levels), max_keepalive_connections=max(levels))
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+        points = []
+        for c in levels:
+            points.append(
+                await closed_loop(
+                    lambda i: routed_once(client, ids, headers[i % len(headers)]), c, seconds
+                )
+            )
+    direct = await closed_loop(
+        lambda i: direct_once(handle, ids, f"s{i}-{time.time_ns()}"), max(levels), seconds
+    )
+    best = max(p["requests_per_s"] for p in points)
+    return {
+        "points": points,
+        "max_requests_per_s": best,
+        "direct_at_top_concurrency": direct,
+        # the same deployment's engine-alone rate: shared-machine noise hits both
+        "router_over_direct": round(best / direct["requests_per_s"], 3)
+        if direct["requests_per_s"]
+        else None,
+    }
+
+
+def run_tenancy(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """One colocated deployment with tenancy `mode` ("off": open mode, "on": keyed tenants)."""
+    from ray import serve
+
+    keys = tenant_keys(args.tenants) if mode == "on" else {}
+    overrides: dict[str, Any] = {"mode": "colocated"}
+    if keys:
+        overrides["tenants"] = tenants_config(keys)
+    headers = [{"Authorization": f"Bearer {k}"} for k in keys.values()] or [{}]
+    ids = short_prompt(args.seed)
+    start = time.perf_counter()
+    with running_deployment(test_config(**overrides)) as base:
+        print(f"[tenancy/{mode}] ready after {time.perf_counter() - start:.0f} s", flush=True)
+        handle = serve.get_deployment_handle("decode", app_name="splitserve")
+        over = asyncio.run(overhead(base, handle, ids, headers, args.overhead_requests))
+        rates = asyncio.run(sweep(base, handle, ids, headers, args.concurrency, args.level_seconds))
+    return {"tenants": len(keys), "overhead": over, "throughput": rates}
+
+
+def bench_tenancy(args: argparse.Namespace, results: dict[str, Any], save) -> None:
+    """Part 2: off and on, alternating for `--rounds` rounds, into `results`."""
+    results.update({"off": [], "on": []})
+    for _ in range(args.rounds):
+        for mode in ("off", "on"):
+            results[mode].append(run_tenancy(args, mode))
+            save()
+
+
+# ---------------------------------------------------------------- tables and main
+
+
+def print_prefix(res: dict[str, Any]) -> None:
+    """The prefix-routing table."""
+    print(
+        f"{'prefill policy':<16}{'TTFT mean':>10}{'p90':>8}{'e2e p90':>9}{'failed':>8}"
+        f"{'prefill hit':>13}{'simulated':>11}{'decode hit':>12}  prefill tokens per replica"
+    )
+    for policy, r in res["policies"].items():
+        per = [v["queried_tokens"] for v in r["prefill_cache"]["per_replica"].values()]
+        hit = r["prefill_cache"]["hit_rate"] or 0.0
+        dec = r["decode_cache"]["hit_rate"] or 0.0
+        print(
+            f"{policy:<16}{r['ttft_ms']['mean']:>10.1f}{r['ttft_ms']['p90']:>8.1f}"
+            f"{r['e2e_ms']['p90']:>9.1f}{r['failed']:>8}{hit:>13.1%}"
+            f"{r['simulated_prefill_hit_rate']:>11.1%}{dec:>12.1%}  {per}"
+        )
+
+
+def print_tenancy(res: dict[str, Any]) -> None:
+    """The tenancy-overhead table (latency in ms, rates in completed requests/s)."""
+    print(
+        f"{'tenancy':<9}{'direct p50':>11}{'p99':>8}{'router p50':>11}{'p99':>8}"
+        f"{'added p50':>10}{'p99':>8}{'paired':>8}   req/s by concurrency; max; direct; ratio"
+    )
+    for mode, rounds in res.items():
+        for r in rounds:
+            o, t = r["overhead"], r["throughput"]
+            by_c = " ".join(f"{p['concurrency']}:{p['requests_per_s']}" for p in t["points"])
+            print(
+                f"{mode:<9}{o['direct_p50_ms']:>11}{o['direct_p99_ms']:>8}"
+                f"{o['router_p50_ms']:>11}{o['router_p99_ms']:>8}{o['added_p50_ms']:>10}"
+                f"{o['added_p99_ms']:>8}{o['paired_diff_median_ms']:>8}   {by_c}; "
+                f"{t['max_requests_per_s']}; {t['direct_at_top_concurrency']['requests_per_s']}; "
+                f"{t['router_over_direct']}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the chosen parts; results.json is rewritten after each deployment."""
+    args = parse_args(argv)
+    out = Path(args.out)
+    doc: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count()},
+        "args": {k: v for k, v in vars(args).items()},
+    }
+
+    def save() -> None:
+        write_json(out / "results.json", doc)
+
+    if "prefix" in args.part:
+        doc["prefix"] = {}
+        bench_prefix(args, out, doc["prefix"], save)
+        print_prefix(doc["prefix"])
+    if "tenancy" in args.part:
+        doc["tenancy"] = {}
+        bench_tenancy(args, doc["tenancy"], save)
+        print_tenancy(doc["tenancy"])
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

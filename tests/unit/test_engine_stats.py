@@ -1,0 +1,36 @@
+"""LatestStats: accumulating vLLM's per-step NIXL connector stats into running totals."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitserve.engine.stats import LatestStats
+
+
+def _step(durations: list[float], sizes: list[int], **failures: list[int]) -> dict:
+    """One step's connector stats, shaped like `NixlKVConnectorStats.data`."""
+    return {
+        "transfer_duration": durations,
+        "post_duration": [d / 10 for d in durations],
+        "bytes_transferred": sizes,
+        "num_descriptors": [8] * len(sizes),
+        **failures,
+    }
+
+
+def test_connector_stats_accumulate_over_steps():
+    stats = LatestStats()
+    stats.add_connector_stats(_step([0.002, 0.003], [4096, 8192]))
+    stats.add_connector_stats({})  # a step without transfers
+    stats.add_connector_stats(_step([0.005], [1024], num_failed_transfers=[1]))
+    snap = stats.snapshot(role="decode", replica="r0", num_unfinished=0)
+    assert snap.kv_transfers == 3
+    assert snap.kv_bytes_received == 4096 + 8192 + 1024
+    assert snap.kv_transfer_seconds == pytest.approx(0.010)
+    assert snap.kv_transfer_failures == 1
+
+
+def test_fresh_snapshot_has_no_transfers():
+    snap = LatestStats().snapshot(role="prefill", replica="r1", num_unfinished=2)
+    assert (snap.kv_transfers, snap.kv_bytes_received, snap.kv_transfer_seconds) == (0, 0, 0.0)
+    assert (snap.role, snap.replica, snap.num_unfinished) == ("prefill", "r1", 2)
