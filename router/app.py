@@ -37,9 +37,9 @@ from splitserve.router.protocol import (
 from splitserve.router.responses import Renderer, sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
-from splitserve.router.tenancy.service import pool_max_in_flight
 from splitserve.router.tenancy.admin import AdminAuth
 from splitserve.router.tenancy.report import usage_report
+from splitserve.router.tenancy.service import pool_max_in_flight
 from splitserve.router.usage_board import UsagePublisher, deployment_actor_config
 
 app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)

@@ -19,6 +19,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from splitserve.config import DisaggregationConfig
+from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
 from splitserve.router.errors import APIError, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
@@ -26,9 +28,6 @@ from splitserve.router.policy import prefill_remotely
 from splitserve.router.retry import classify, failed_replica, retry_prefill
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
-
-from splitserve.config import DisaggregationConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest
 
 log = logging.getLogger("splitserve.router")
 

@@ -256,6 +256,12 @@ class FaultsConfig(_Strict):
         description="...by this long, in the decode worker before its engine sees the request.",
     )
 
+    @property
+    def active(self) -> bool:
+        """Whether any fault is configured (a delay needs both its rate and its duration)."""
+        return any((self.prefill_error_rate, self.prefill_delay_s, self.kv_load_failure_rate,
+                    self.kv_load_delay_rate and self.kv_load_delay_s))
+
 
 class RayConfig(_Strict):
     """How `splitserve serve` starts or joins a Ray cluster."""

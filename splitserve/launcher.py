@@ -3,7 +3,9 @@
 The launcher is a thin shell: it gathers what the pure builders need (config, device), applies
 their result with Ray Serve, and reports. Ctrl-C or SIGTERM during start-up or while serving
 tears everything down: the Serve application (whose replicas stop their engine processes), then
-the local Ray cluster if this process started it.
+the local Ray cluster if this process started it. A first signal is a requested stop and exits 0
+whichever phase it lands in (an orchestrator's SIGTERM is not an error); a second signal stops
+waiting politely and exits 130.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ UNSCHEDULABLE_MARKER = "to be scheduled"
 
 class LaunchError(RuntimeError):
     """The deployment failed to start; the message says which part and why."""
+
+
+class StopRequested(Exception):
+    """A first SIGINT/SIGTERM arrived while the launcher was busy starting up."""
 
 
 @dataclass
@@ -102,7 +108,7 @@ def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
     with console.status("deploying...") as spinner:
         while runner.is_alive():
             if session.stop_requested.is_set():
-                raise KeyboardInterrupt
+                raise StopRequested
             status = serve.status()
             stuck = _unschedulable(status)
             if stuck and not cfg.ray.address and not os.environ.get("RAY_ADDRESS"):
@@ -162,6 +168,8 @@ def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
         console.print("Press Ctrl-C to stop.")
         while not session.stop_requested.wait(1.0):
             pass
+        return 0
+    except StopRequested:
         return 0
     except KeyboardInterrupt:
         return 130

@@ -6,11 +6,10 @@ Nothing here imports vLLM or Ray: `EngineSpec` is what a worker needs to build i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from splitserve.config import SplitserveConfig
-from splitserve.engine.faults import Faults
+from splitserve.config import FaultsConfig, SplitserveConfig
 
 Role = Literal["prefill", "decode"]
 
@@ -37,7 +36,8 @@ class EngineSpec:
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
     share_cores: bool = False  # dev/test only: engines may share cores when short
     kv_lease_s: int = 30  # prefill keeps unpulled KV blocks this long (NIXL kv_lease_duration)
-    faults: Faults = Faults()  # tests only: injected faults (all off by default)
+    # tests only: injected faults (all off by default)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
     @property
     def ranks(self) -> int:
@@ -80,7 +80,7 @@ def engine_spec(
         kv_host=kv_host,
         share_cores=cfg.placement.share_cores,
         kv_lease_s=cfg.disaggregation.kv_lease_s,
-        faults=Faults.from_config(cfg.faults),
+        faults=cfg.faults,
     )
 
 

@@ -3,8 +3,9 @@
 A fault hits a fixed fraction of prompts: `hits(seed, kind, token_ids, rate)` hashes the seed,
 the fault kind and the prompt's token ids into [0, 1). The same prompt is always hit or always
 spared, so a test can tell in advance which of its requests a fault reaches (and a retry of a hit
-prompt on another replica is hit again). Workers consult `Faults` only when `active` is true, so
-the request path costs one attribute check when no fault is configured.
+prompt on another replica is hit again). Workers consult the `faults` config section
+(`FaultsConfig`) only when its `active` is true, so the request path costs one check when no
+fault is configured.
 
 Faults and where they act:
 - `prefill_error`: the prefill worker raises `InjectedFault` instead of prefilling;
@@ -21,39 +22,15 @@ from __future__ import annotations
 import hashlib
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from splitserve.config import FaultsConfig
 
 DEAD_PEER_ENGINE_ID = "splitserve-fault-dead-peer"
 
 
 class InjectedFault(RuntimeError):
     """Raised by a worker where a configured fault says so."""
-
-
-@dataclass(frozen=True)
-class Faults:
-    """The `faults` config section as workers see it (plain, picklable)."""
-
-    seed: int = 0
-    prefill_error_rate: float = 0.0
-    prefill_delay_s: float = 0.0
-    kv_load_failure_rate: float = 0.0
-    kv_load_delay_rate: float = 0.0
-    kv_load_delay_s: float = 0.0
-
-    @property
-    def active(self) -> bool:
-        """Whether any fault is configured."""
-        return any(
-            (self.prefill_error_rate, self.prefill_delay_s, self.kv_load_failure_rate,
-             self.kv_load_delay_rate and self.kv_load_delay_s)
-        )
-
-    @classmethod
-    def from_config(cls, section: Any) -> Faults:
-        """From the pydantic `FaultsConfig`."""
-        return cls(**section.model_dump())
 
 
 def draw(seed: int, kind: str, token_ids: Sequence[int]) -> float:
@@ -68,17 +45,17 @@ def hits(seed: int, kind: str, token_ids: Sequence[int], rate: float) -> bool:
     return rate > 0 and draw(seed, kind, token_ids) < rate
 
 
-def prefill_fails(f: Faults, token_ids: Sequence[int]) -> bool:
+def prefill_fails(f: FaultsConfig, token_ids: Sequence[int]) -> bool:
     """Should the prefill worker raise for this prompt?"""
     return hits(f.seed, "prefill_error", token_ids, f.prefill_error_rate)
 
 
-def kv_load_fails(f: Faults, token_ids: Sequence[int]) -> bool:
+def kv_load_fails(f: FaultsConfig, token_ids: Sequence[int]) -> bool:
     """Should the decode worker send this prompt's KV pull to a dead peer?"""
     return hits(f.seed, "kv_load_failure", token_ids, f.kv_load_failure_rate)
 
 
-def kv_load_delay_s(f: Faults, token_ids: Sequence[int]) -> float:
+def kv_load_delay_s(f: FaultsConfig, token_ids: Sequence[int]) -> float:
     """Seconds the decode worker waits before its engine sees this prompt (0: none)."""
     if f.kv_load_delay_s and hits(f.seed, "kv_load_delay", token_ids, f.kv_load_delay_rate):
         return f.kv_load_delay_s

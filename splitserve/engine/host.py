@@ -19,8 +19,8 @@ from typing import Any
 import ray
 from ray import serve
 
-from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
 from splitserve.engine import faults
+from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
 from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,

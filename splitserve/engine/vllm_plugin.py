@@ -52,11 +52,11 @@ class _BindingsWithDelay:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def nixlAgentConfig(self) -> _AgentConfig:  # noqa: N802 - the binding's name
+    def nixlAgentConfig(self) -> _AgentConfig:
         """A fresh agent config, wrapped."""
         return _AgentConfig(self._real.nixlAgentConfig())
 
-    def nixlAgent(self, name: str, config: Any) -> Any:  # noqa: N802 - the binding's name
+    def nixlAgent(self, name: str, config: Any) -> Any:
         """The real agent, from the real config."""
         real = config.real if isinstance(config, _AgentConfig) else config
         return self._real.nixlAgent(name, real)

@@ -31,7 +31,8 @@ import pytest
 import ray
 from ray import serve
 
-from splitserve.engine.faults import Faults, kv_load_delay_s, kv_load_fails, prefill_fails
+from splitserve.config import FaultsConfig
+from splitserve.engine.faults import kv_load_delay_s, kv_load_fails, prefill_fails
 from tests.conftest import direct_greedy, running_deployment, test_config, wait_healthy
 
 pytestmark = [pytest.mark.engine, pytest.mark.chaos]
@@ -42,7 +43,7 @@ MAX_TOKENS = 12
 REQUEST_DEADLINE_S = 300  # a stream still open after this is a hang: the test fails
 KV_LEASE_S = 12  # prefill keeps unpulled blocks this long: leaks must clear soon after
 PREFILL_DELAY_S = 1.5
-FAULTS = Faults(
+FAULTS = FaultsConfig(
     seed=11,
     prefill_error_rate=0.15,
     prefill_delay_s=PREFILL_DELAY_S,
@@ -62,7 +63,7 @@ def deployment():
             "disaggregation.kv_lease_s": KV_LEASE_S,
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,
-            "faults": FAULTS.__dict__,
+            "faults": FAULTS.model_dump(),
         }
     )
     with running_deployment(cfg) as base:

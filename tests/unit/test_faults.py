@@ -3,19 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-from splitserve.config import ConfigError, load_config, parse_config
-from splitserve.engine.args import engine_spec
-from splitserve.engine.faults import (
-    DEAD_PEER_ENGINE_ID,
-    Faults,
-    dead_peer_params,
-    draw,
-    hits,
-    kv_load_delay_s,
-    kv_load_fails,
-    prefill_fails,
-)
 from splitserve.kv_transfer.handoff import (
     FETCH_BY_KEY,
     KVHandoff,
@@ -24,15 +11,27 @@ from splitserve.kv_transfer.handoff import (
 )
 from splitserve.kv_transfer.nixl import nixl_transfer_config
 
+from splitserve.config import ConfigError, FaultsConfig, load_config, parse_config
+from splitserve.engine.args import engine_spec
+from splitserve.engine.faults import (
+    DEAD_PEER_ENGINE_ID,
+    dead_peer_params,
+    draw,
+    hits,
+    kv_load_delay_s,
+    kv_load_fails,
+    prefill_fails,
+)
+
 PROMPTS = [tuple(range(i, i + 200)) for i in range(1000)]
 
 
 def test_faults_are_off_by_default():
     cfg = load_config(None)
-    f = Faults.from_config(cfg.faults)
-    assert f == Faults() and not f.active
+    f = cfg.faults
+    assert f == FaultsConfig() and not f.active
     assert not any(prefill_fails(f, p) or kv_load_fails(f, p) for p in PROMPTS[:50])
-    assert engine_spec(cfg, "decode", "cpu").faults == Faults()
+    assert engine_spec(cfg, "decode", "cpu").faults == FaultsConfig()
 
 
 def test_draw_is_fixed_by_seed_kind_and_prompt():
@@ -51,7 +50,7 @@ def test_a_rate_hits_about_that_fraction_of_prompts():
 
 
 def test_kinds_are_independent():
-    f = Faults(seed=1, prefill_error_rate=0.5, kv_load_failure_rate=0.5)
+    f = FaultsConfig(seed=1, prefill_error_rate=0.5, kv_load_failure_rate=0.5)
     assert f.active
     a = [prefill_fails(f, p) for p in PROMPTS]
     b = [kv_load_fails(f, p) for p in PROMPTS]
@@ -60,10 +59,10 @@ def test_kinds_are_independent():
 
 def test_kv_load_delay_needs_both_rate_and_duration():
     p = PROMPTS[0]
-    assert kv_load_delay_s(Faults(kv_load_delay_rate=1.0), p) == 0
-    assert not Faults(kv_load_delay_rate=1.0).active
-    assert kv_load_delay_s(Faults(kv_load_delay_rate=1.0, kv_load_delay_s=9), p) == 9
-    assert kv_load_delay_s(Faults(kv_load_delay_rate=0.0, kv_load_delay_s=9), p) == 0
+    assert kv_load_delay_s(FaultsConfig(kv_load_delay_rate=1.0), p) == 0
+    assert not FaultsConfig(kv_load_delay_rate=1.0).active
+    assert kv_load_delay_s(FaultsConfig(kv_load_delay_rate=1.0, kv_load_delay_s=9), p) == 9
+    assert kv_load_delay_s(FaultsConfig(kv_load_delay_rate=0.0, kv_load_delay_s=9), p) == 0
 
 
 def test_dead_peer_params_keep_the_blocks_but_change_the_peer():
@@ -88,7 +87,7 @@ def test_engine_spec_carries_faults_and_lease():
         {"faults": {"seed": 4, "kv_load_failure_rate": 0.2}, "disaggregation": {"kv_lease_s": 9}}
     )
     spec = engine_spec(cfg, "decode", "cpu")
-    assert spec.faults == Faults(seed=4, kv_load_failure_rate=0.2)
+    assert spec.faults == FaultsConfig(seed=4, kv_load_failure_rate=0.2)
     assert spec.kv_lease_s == 9
     extra = nixl_transfer_config("e", "cpu", spec.kv_lease_s)["kv_connector_extra_config"]
     assert extra == {"kv_lease_duration": 9}
