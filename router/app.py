@@ -109,7 +109,8 @@ class Router:
             self.usage_board.start()
         self.signals = SignalRecorder(pools)
         self.dispatcher = Dispatcher(
-            pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals
+            pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals,
+            replicas={role: p.replicas for role, p in cfg.deployed_pools().items()},
         )
         self.controller_link = self._link_controller(cfg)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
@@ -133,11 +134,12 @@ class Router:
         return link
 
     def _resize_gates(self, replicas: dict[str, int]) -> None:
-        """Admission capacity follows the pools' ready replica counts."""
+        """Admission capacity and the spill rule follow the pools' ready replica counts."""
         for pool, n in replicas.items():
             gate = self.tenancy.gates.get(pool)
             if gate is not None and n > 0:
                 gate.resize(pool_max_in_flight(self.cfg, pool, n))
+                self.dispatcher.replicas[pool] = n
 
     # ---- plumbing -------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Dispatch a prepared request to the worker pools and stream back its chunks.
 
-Colocated: the decode pool runs the whole request. Disaggregated: when `prefill_remotely` says
+Colocated: the decode pool runs the whole request. Disaggregated: when `prefill_path` says
 so, the prefill pool computes the prompt's KV cache first (`max_tokens=1`), and the decode
 request carries the handoff so that its engine pulls the KV over NIXL instead of recomputing it.
 A prefill that fails or returns no usable handoff is retried on another prefill replica within
@@ -24,7 +24,7 @@ from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
 from splitserve.router.errors import APIError, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
-from splitserve.router.policy import prefill_remotely
+from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 from splitserve.router.retry import classify, failed_replica, retry_prefill
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
@@ -42,21 +42,39 @@ class Dispatcher:
         metrics: RouterMetrics,
         tenancy: Tenancy,
         signals: SignalRecorder | None = None,
+        replicas: dict[str, int] | None = None,
     ) -> None:
         self.pools = pools
         self.disagg = disagg
         self.metrics = metrics
         self.tenancy = tenancy
         self.signals = signals or SignalRecorder(pools)
+        self.replicas = dict(replicas or {})  # ready replicas per pool (the controller updates it)
+        # This replica's prefill work in flight, for the spill rule: prompts waiting for or in a
+        # remote prefill (until their handoff or fallback), and prompts prefilling on decode
+        # (until their first token).
+        self._remote = {"requests": 0, "tokens": 0}
+        self._local_tokens = 0
 
-    def _remote(self, req: GenerateRequest) -> bool:
+    def load(self) -> PoolLoad:
+        """The pools as this router replica sees them now."""
+        decode = self.tenancy.gates["decode"]
+        return PoolLoad(
+            prefill_requests=self._remote["requests"],
+            prefill_tokens=self._remote["tokens"],
+            prefill_replicas=self.replicas.get("prefill", 1),
+            local_prefill_tokens=self._local_tokens,
+            decode_streams=decode.in_flight + decode.queued,
+            decode_replicas=self.replicas.get("decode", 1),
+        )
+
+    def _path(self, req: GenerateRequest) -> PrefillPath:
         if "prefill" not in self.pools:
-            return False
-        gate = self.tenancy.gates["prefill"]
-        return prefill_remotely(
+            return PrefillPath.COLOCATED
+        return prefill_path(
             prompt_tokens=len(req.prompt_token_ids),
             expected_cached_tokens=0,
-            prefill_in_flight=gate.in_flight + gate.queued,
+            load=self.load(),
             cfg=self.disagg,
         )
 
@@ -66,39 +84,56 @@ class Dispatcher:
         Each pool hop first takes a slot of that pool's fair admission gate (per-tenant queues,
         weighted fair order); a full decode queue is the client's 429/503.
         """
-        remote = self._remote(req)
-        self.metrics.disagg_decisions.labels(path="remote" if remote else "local").inc()
-        if remote:
-            handoff = await self._admitted_prefill(req, tenant)
+        path = self._path(req)
+        n_prompt = len(req.prompt_token_ids)
+        self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
+        if path is not PrefillPath.COLOCATED:
+            self.metrics.disagg_reasons.labels(reason=path.value).inc()
+        prefilled = False
+        if path.remote:
+            self._remote["requests"] += 1
+            self._remote["tokens"] += n_prompt
+            try:
+                handoff = await self._admitted_prefill(req, tenant)
+            finally:
+                self._remote["requests"] -= 1
+                self._remote["tokens"] -= n_prompt
             if handoff is not None:
+                prefilled = True
                 fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
                 req = dataclasses.replace(
                     req, kv_transfer_params=handoff.decode_request_params(fetch_by)
                 )
-        n_prompt = len(req.prompt_token_ids)
+        local_tokens = 0 if prefilled else n_prompt  # decode prefills these itself
+        self._local_tokens += local_tokens
         start = time.perf_counter()
         self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
-        async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
-            gen = self.pools["decode"].options(stream=True).generate.remote(req)
-            first, n_out = None, 0
-            try:
-                async for chunk in gen:
-                    ticket.add_output(len(chunk.token_ids))
-                    if chunk.kv_bytes:
-                        self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
-                    if chunk.token_ids and first is None:
-                        first = time.perf_counter()
-                        self.signals.first_token("decode", first - start)
-                    n_out += len(chunk.token_ids)
-                    yield chunk
-            except APIError:
-                raise
-            except Exception as err:  # worker crashed, engine error, replica gone
-                raise _worker_error(req.request_id, err) from err
-            finally:
-                gen.cancel()
-            if first is not None:
-                self.signals.finished("decode", time.perf_counter() - first, n_out)
+        try:
+            async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
+                gen = self.pools["decode"].options(stream=True).generate.remote(req)
+                first, n_out = None, 0
+                try:
+                    async for chunk in gen:
+                        ticket.add_output(len(chunk.token_ids))
+                        if chunk.kv_bytes:
+                            self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                        if chunk.token_ids and first is None:
+                            first = time.perf_counter()
+                            self.signals.first_token("decode", first - start)
+                            self._local_tokens -= local_tokens
+                            local_tokens = 0
+                        n_out += len(chunk.token_ids)
+                        yield chunk
+                except APIError:
+                    raise
+                except Exception as err:  # worker crashed, engine error, replica gone
+                    raise _worker_error(req.request_id, err) from err
+                finally:
+                    gen.cancel()
+                if first is not None:
+                    self.signals.finished("decode", time.perf_counter() - first, n_out)
+        finally:
+            self._local_tokens -= local_tokens
 
     async def _admitted_prefill(self, req: GenerateRequest, tenant: Tenant) -> KVHandoff | None:
         """The prefill hop behind the prefill gate; a full prefill queue means "prefill locally"."""

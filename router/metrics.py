@@ -59,6 +59,13 @@ class RouterMetrics:
             buckets=tuple(2**k for k in range(12, 34, 2)),
             registry=r,
         )
+        self.disagg_reasons = Counter(
+            "splitserve_disagg_reasons",
+            "Conditional disaggregation decisions by reason: remote, or local because the prompt "
+            "was short, the prefill queue full, or the prefill pool more backed up (spill).",
+            ["reason"],
+            registry=r,
+        )
         self.prefill_fallbacks = Counter(
             "splitserve_prefill_fallbacks",
             "Remote prefills that failed and were redone on the decode worker.",

@@ -1,24 +1,85 @@
-"""Pure routing decisions (no Ray, no I/O): unit-tested in milliseconds."""
+"""Pure routing decisions (no Ray, no I/O): unit-tested in milliseconds.
+
+Conditional disaggregation decides, per request, where its prompt is prefilled: in the prefill
+pool (remote, the KV then moves to decode over NIXL) or on the decode worker itself (local).
+
+1. A prompt with fewer uncached tokens than `min_remote_prompt_tokens` prefills locally: the
+   handoff's fixed cost (NIXL moves whole blocks; a second hop) outweighs the prefill.
+2. With `max_prefill_queue` prefills already waiting or running, the prompt prefills locally.
+3. With `spill_to_decode` on, the prompt prefills locally when the prefill pool's backlog per
+   replica (uncached prompt tokens waiting or being prefilled) exceeds the decode pool's: the
+   prompts decode is prefilling itself plus `decode_stream_cost_tokens` for each stream it is
+   decoding, per replica. So an idle prefill pool always takes the prompt (decode steps stay free
+   of prefill), a busy one shares prefill work with a decode pool that has spare capacity (what
+   colocation does well on prefill-heavy load), and a decode pool busy streaming keeps its steps
+   to itself. At equal backlogs the prompt goes remote.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
 
 from splitserve.config import DisaggregationConfig
 
 
-def prefill_remotely(
+class PrefillPath(str, Enum):
+    """Where a prompt is prefilled, and why (the `reason` label of the decision counter)."""
+
+    REMOTE = "remote"
+    SHORT = "short"  # too few uncached tokens for a handoff
+    QUEUE_FULL = "queue_full"  # max_prefill_queue prefills in flight
+    SPILL = "spill"  # the prefill pool is more backed up than decode
+    COLOCATED = "colocated"  # no prefill pool deployed
+
+    @property
+    def remote(self) -> bool:
+        """True when the prompt goes to the prefill pool."""
+        return self is PrefillPath.REMOTE
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """What one router replica sees of the two pools when it decides (its own traffic only).
+
+    prefill_requests: prefills waiting at or admitted through the prefill gate.
+    prefill_tokens: the uncached prompt tokens of those.
+    local_prefill_tokens: prompt tokens of requests prefilling on decode, until their first token.
+    decode_streams: requests waiting at or admitted through the decode gate.
+    """
+
+    prefill_requests: int = 0
+    prefill_tokens: int = 0
+    prefill_replicas: int = 1
+    local_prefill_tokens: int = 0
+    decode_streams: int = 0
+    decode_replicas: int = 1
+
+
+def prefill_backlog(load: PoolLoad) -> float:
+    """Prompt tokens ahead of a new remote prefill, per prefill replica."""
+    return load.prefill_tokens / max(load.prefill_replicas, 1)
+
+
+def decode_backlog(load: PoolLoad, cfg: DisaggregationConfig) -> float:
+    """Token-equivalents of work ahead of a new local prefill, per decode replica."""
+    work = load.local_prefill_tokens + load.decode_streams * cfg.decode_stream_cost_tokens
+    return work / max(load.decode_replicas, 1)
+
+
+def prefill_path(
     *,
     prompt_tokens: int,
     expected_cached_tokens: int,
-    prefill_in_flight: int,
+    load: PoolLoad,
     cfg: DisaggregationConfig,
-) -> bool:
-    """Conditional disaggregation: send this prompt's prefill to the prefill pool?
-
-    Remote prefill pays a fixed handoff; it is worth it only for enough uncached prompt tokens,
-    and only while the prefill pool is not already backed up (then the decode worker's own
-    prefill is the faster path).
-    """
+) -> PrefillPath:
+    """Where this prompt prefills (see the module docstring for the rule)."""
     uncached = max(prompt_tokens - expected_cached_tokens, 0)
     if uncached < cfg.min_remote_prompt_tokens:
-        return False
-    return prefill_in_flight < cfg.max_prefill_queue
+        return PrefillPath.SHORT
+    if load.prefill_requests >= cfg.max_prefill_queue:
+        return PrefillPath.QUEUE_FULL
+    if cfg.spill_to_decode and prefill_backlog(load) > decode_backlog(load, cfg):
+        return PrefillPath.SPILL
+    return PrefillPath.REMOTE

@@ -134,6 +134,20 @@ class DisaggregationConfig(_Strict):
     max_prefill_queue: int = Field(
         64, ge=1, description="Above this many prefills in flight, new prompts prefill locally."
     )
+    spill_to_decode: bool = Field(
+        True,
+        description="Prefill locally when the prefill pool's backlog per replica exceeds the "
+        "decode pool's (router/policy.py): a busy prefill pool shares prompts with a decode pool "
+        "that has spare capacity. Off: every long-enough prompt goes remote until "
+        "`max_prefill_queue`.",
+    )
+    decode_stream_cost_tokens: int = Field(
+        64,
+        ge=0,
+        description="What one stream decoding on a decode replica counts as in prompt tokens, "
+        "when its backlog is compared with the prefill pool's. Higher keeps prefill off busy "
+        "decode workers (lower TPOT, higher TTFT).",
+    )
     prefill_attempts: int = Field(
         2, ge=1, le=8,
         description="Tries of a remote prefill, each steered away from the replicas that failed; "

@@ -1,0 +1,143 @@
+"""The dispatcher's view of prefill work in flight, which feeds the spill rule (router/policy.py):
+prompts count while they wait for or run a remote prefill, and while the decode worker prefills
+them itself, and nothing stays counted after a request ends, fails or is abandoned.
+
+The pool handles are fakes that stop at scripted points (no Ray); the gates, tenancy and metrics
+are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from splitserve.config import parse_config
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling
+from splitserve.router.dispatch import Dispatcher
+from splitserve.router.errors import APIError
+from splitserve.router.metrics import RouterMetrics
+from splitserve.router.policy import PoolLoad
+from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
+
+HANDOFF = {
+    "remote_engine_id": "prefill-x",
+    "remote_block_ids": [[1, 2]],
+    "remote_host": "127.0.0.1",
+    "remote_port": 5000,
+}
+
+
+class _Gated:
+    """A fake pool handle whose streams wait for `release` before each chunk."""
+
+    def __init__(self, chunks, fail: BaseException | None = None) -> None:
+        self.chunks = chunks
+        self.fail = fail
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+
+    def options(self, **_):
+        return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
+
+    def _remote(self, req):
+        return _Iter(self._run())
+
+    async def _run(self):
+        self.started.set()
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        for c in self.chunks:
+            yield c
+
+
+class _Iter:
+    """Like a Serve streaming response: iterable once, and cancellable."""
+
+    def __init__(self, agen) -> None:
+        self.agen = agen
+
+    def __aiter__(self):
+        return self.agen
+
+    def cancel(self) -> None:
+        pass
+
+
+def _setup(**disagg):
+    cfg = parse_config({"mode": "disaggregated", "disaggregation": disagg})
+    prefill = _Gated([GenerateChunk(token_ids=(7,), text="", kv_transfer_params=HANDOFF)])
+    decode = _Gated([GenerateChunk(token_ids=(1,), text="a"), GenerateChunk((2,), "b", "length")])
+    metrics = RouterMetrics()
+    d = Dispatcher(
+        {"prefill": prefill, "decode": decode}, cfg.disaggregation, metrics,
+        Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1},
+    )
+    return d, prefill, decode, metrics
+
+
+def _req(n: int, i: int = 0) -> GenerateRequest:
+    return GenerateRequest(f"cmpl-{i}", tuple(range(n)), Sampling(max_tokens=2))
+
+
+async def _drain(d, req, out: list):
+    async for chunk in d.stream(req, DEFAULT_TENANT):
+        out.append(chunk.token_ids)
+
+
+def _reason(metrics, reason: str) -> float:
+    return metrics.registry.get_sample_value(
+        "splitserve_disagg_reasons_total", {"reason": reason}
+    ) or 0.0
+
+
+def test_remote_then_spilled_prompt_are_counted_until_prefilled_then_released():
+    async def run():
+        d, prefill, decode, metrics = _setup()
+        out: list = []
+        first = asyncio.create_task(_drain(d, _req(1536, 1), out))
+        await prefill.started.wait()
+        assert d.load() == PoolLoad(prefill_requests=1, prefill_tokens=1536)
+        # The prefill pool is busy and decode idle: the next long prompt spills to decode.
+        second = asyncio.create_task(_drain(d, _req(1000, 2), out))
+        await decode.started.wait()
+        assert d.load().local_prefill_tokens == 1000
+        assert d.load().decode_streams == 1
+        assert (_reason(metrics, "remote"), _reason(metrics, "spill")) == (1, 1)
+        prefill.release.set()
+        decode.release.set()
+        await asyncio.gather(first, second)
+        assert sorted(out) == [(1,), (1,), (2,), (2,)]
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())
+
+
+def test_a_client_that_walks_away_releases_its_local_prefill():
+    async def run():
+        d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)  # everything short: local
+        stream = d.stream(_req(500), DEFAULT_TENANT)
+        task = asyncio.create_task(stream.__anext__())
+        await decode.started.wait()
+        assert d.load().local_prefill_tokens == 500
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await stream.aclose()
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())
+
+
+def test_a_failed_decode_releases_its_local_prefill():
+    async def run():
+        d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)
+        decode.fail = RuntimeError("replica gone")
+        decode.release.set()
+        with pytest.raises(APIError):
+            await _drain(d, _req(500), [])
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())
