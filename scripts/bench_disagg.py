@@ -8,10 +8,11 @@ Configurations, deployed one after another on this machine (Ray in this process,
 `tests.conftest.running_deployment`, on a free port), each with two engines:
 
     disagg       1 prefill + 1 decode worker, every prompt prefilled remotely
-                 (mode disaggregated, disaggregation.min_remote_prompt_tokens 0)
+                 (mode disaggregated, min_remote_prompt_tokens 0, spill_to_decode off)
     colocated    2 colocated workers (mode colocated, pools.decode.replicas 2)
-    conditional  1 prefill + 1 decode worker with the default policy (remote prefill only
-                 for prompts of at least `min_remote_prompt_tokens`, 128 by default)
+    conditional  1 prefill + 1 decode worker with the default policy (router/policy.py):
+                 remote prefill for prompts of at least `min_remote_prompt_tokens` (128),
+                 spilled to the decode worker while the prefill pool is more backed up
 
 Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact output lengths:
 
@@ -57,7 +58,11 @@ PRESETS = {
     "short-prompt-long-output": {"prompt_len": "128", "output_len": "256"},
 }
 CONFIGS = {
-    "disagg": {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0},
+    "disagg": {
+        "mode": "disaggregated",
+        "disaggregation.min_remote_prompt_tokens": 0,
+        "disaggregation.spill_to_decode": False,
+    },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
 }

@@ -61,6 +61,7 @@ def deployment():
             "pools.prefill.replicas": 2,
             "placement.share_cores": True,
             "disaggregation.kv_lease_s": KV_LEASE_S,
+            "disaggregation.spill_to_decode": False,  # faults must hit the remote path
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,
             "faults": FAULTS.model_dump(),

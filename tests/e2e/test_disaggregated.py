@@ -33,8 +33,15 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def deployment():
+    # Spill off: this module checks the remote path itself, so every prompt of THRESHOLD tokens
+    # or more must take it, also with 16 in flight (the spill rule has unit tests and a
+    # benchmark: tests/unit/test_policy.py, scripts/bench_disagg.py).
     cfg = test_config(
-        **{"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": THRESHOLD}
+        **{
+            "mode": "disaggregated",
+            "disaggregation.min_remote_prompt_tokens": THRESHOLD,
+            "disaggregation.spill_to_decode": False,
+        }
     )
     with running_deployment(cfg) as base:
         yield base
