@@ -10,9 +10,8 @@ request is fully validated and fits the context window.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,17 +22,14 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from splitserve.config import SplitserveConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling
+from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.models import resolve_model_path
+from splitserve.router.deadline import within_deadline
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
 from splitserve.router.metrics import RouterMetrics
+from splitserve.router.prepare import prepare
 from splitserve.router.prompts import PromptBuilder
-from splitserve.router.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_request,
-)
 from splitserve.router.responses import Renderer, sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
@@ -105,8 +101,6 @@ class Router:
         self.usage_board = UsagePublisher(
             self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id
         )
-        with contextlib.suppress(RuntimeError):  # no loop in the constructor: the first request
-            self.usage_board.start()
         self.signals = SignalRecorder(pools)
         self.dispatcher = Dispatcher(
             pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals,
@@ -115,6 +109,16 @@ class Router:
         self.controller_link = self._link_controller(cfg)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
         self.created = int(time.time())
+        self._background = [self.usage_board.loop]
+        if self.controller_link is not None:
+            self._background.append(self.controller_link.loop)
+        self._start_background()
+
+    def _start_background(self) -> None:
+        """Start the periodic publishers; a constructor has no running loop yet, so every request
+        tries again (a cheap no-op once they run)."""
+        for loop in self._background:
+            loop.start()
 
     def _link_controller(self, cfg: SplitserveConfig) -> ControllerLink | None:
         """With `autoscaling` on: start (or find) the controller actor and report to it twice
@@ -125,13 +129,10 @@ class Router:
         from splitserve.controller.live import ensure_controller
 
         ensure_controller(cfg, APP_NAME)
-        link = ControllerLink(
+        return ControllerLink(
             serve.get_replica_context().replica_id.unique_id, self.signals, self.tenancy.gates,
             cfg.autoscaling.control_period_s / 2, self._resize_gates,
         )
-        with contextlib.suppress(RuntimeError):  # no loop in the constructor: the first request
-            link.start()
-        return link
 
     def _resize_gates(self, replicas: dict[str, int]) -> None:
         """Admission capacity and the spill rule follow the pools' ready replica counts."""
@@ -219,9 +220,7 @@ class Router:
         return await self._serve("chat", request)
 
     async def _serve(self, endpoint: str, request: Request) -> Response:
-        self.usage_board.start()
-        if self.controller_link is not None:
-            self.controller_link.start()
+        self._start_background()
         self.metrics.in_flight.inc()
         status = 500
         try:
@@ -238,44 +237,22 @@ class Router:
     async def _handle(self, endpoint: str, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request.headers.get("authorization"))
         body = await read_body(request, self.cfg.router.max_body_bytes)
-        model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-        req = parse_request(body, model)
-        if req.model != self.cfg.model.name:
-            raise model_not_found(req.model)
-        if isinstance(req, ChatCompletionRequest):
-            ids = self.prompts.encode_chat(
-                [{"role": m.role, "content": m.text()} for m in req.messages]
-            )
-            prepared = self.prompts.fit(ids, req.output_limit(), param="messages")
-        else:
-            ids = self.prompts.encode_completion(req.prompt)
-            prepared = self.prompts.fit(ids, req.max_tokens, param="prompt")
-        gen_req = GenerateRequest(
-            request_id=f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
-            prompt_token_ids=prepared.token_ids,
-            sampling=Sampling(
-                max_tokens=prepared.max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                seed=req.seed,
-                stop=req.stops(),
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                min_tokens=req.min_tokens,
-                ignore_eos=req.ignore_eos,
-            ),
-            cache_salt=self.tenancy.cache_salt(tenant, req.cache_salt),
+        prepared = prepare(endpoint, body, self.prompts, model_name=self.cfg.model.name)
+        req = prepared.request
+        gen_req = dataclasses.replace(
+            prepared.generate, cache_salt=self.tenancy.cache_salt(tenant, req.cache_salt)
         )
         renderer = Renderer(
             kind="chat" if endpoint == "chat" else "completion",
             request_id=gen_req.request_id,
             model=self.cfg.model.name,
-            prompt_tokens=len(prepared.token_ids),
+            prompt_tokens=len(gen_req.prompt_token_ids),
             include_usage=req.include_usage,
             return_token_ids=req.return_token_ids,
         )
-        chunks = self._generate(tenant, gen_req)
+        chunks = within_deadline(
+            self._generate(tenant, gen_req), self.cfg.router.request_timeout_s
+        )
         if req.stream:
             return await self._stream(chunks, renderer)
         return await self._whole(chunks, renderer)

@@ -71,6 +71,17 @@ def server_error(
     return APIError(500, message, type="server_error")
 
 
+def deadline_exceeded(timeout_s: float) -> APIError:
+    """504: the request ran past `router.request_timeout_s` and was aborted in every pool."""
+    return APIError(
+        504,
+        f"The request did not finish within {timeout_s:g} s (router.request_timeout_s) and was "
+        "cancelled; ask for fewer tokens or retry later.",
+        type="timeout_error",
+        code="request_timeout",
+    )
+
+
 def unavailable(message: str, retry_after_s: int = 1) -> APIError:
     """503 with Retry-After."""
     return APIError(

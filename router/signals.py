@@ -9,13 +9,13 @@ gates, so a scaled pool's new replicas get requests at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from splitserve.controller.signals import MAX_LATENCY_SAMPLES, PoolReport
+from splitserve.router.periodic import Periodic
 
 log = logging.getLogger("splitserve.router")
 
@@ -90,38 +90,20 @@ class ControllerLink:
         self.source = source
         self.recorder = recorder
         self.gates = gates
-        self.period_s = period_s
         self.on_replicas = on_replicas
-        self._task: asyncio.Task | None = None
-        self._warned = False
+        self.loop = Periodic("controller report", self.report, period_s)
+        self._handle = None
 
-    def start(self) -> None:
-        """Start the report loop on the running event loop (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    def stop(self) -> None:
-        """Stop the report loop."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    async def _loop(self) -> None:
+    async def report(self) -> None:
+        """Send this period's snapshot now and apply the replica counts of the answer."""
         from splitserve.controller.live import get_controller
 
-        handle = None
-        while True:
-            await asyncio.sleep(self.period_s)
-            reports = self.recorder.snapshot(self.gates)
-            try:
-                handle = handle or get_controller()
-                counts = await handle.report.remote(self.source, reports)
-            except Exception as err:  # noqa: BLE001 - the controller may be (re)starting
-                handle = None
-                if not self._warned:
-                    log.warning("autoscaling controller unreachable (%s); retrying", err)
-                    self._warned = True
-                continue
-            self._warned = False
-            if counts:
-                self.on_replicas(counts)
+        reports = self.recorder.snapshot(self.gates)
+        try:
+            self._handle = self._handle or get_controller()
+            counts = await self._handle.report.remote(self.source, reports)
+        except Exception:
+            self._handle = None  # the controller may be (re)starting: look it up again
+            raise
+        if counts:
+            self.on_replicas(counts)

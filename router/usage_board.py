@@ -17,7 +17,6 @@ so (`"scope": "replica"`); it never fails because of the board.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 
 import ray
 
+from splitserve.router.periodic import Periodic
 from splitserve.router.tenancy.report import ReplicaSnapshot
 
 log = logging.getLogger("splitserve.router")
@@ -93,18 +93,7 @@ class UsagePublisher:
         self._board: Any = None
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start publishing every interval (idempotent; needs a running event loop)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            with contextlib.suppress(Exception):  # the next interval retries; collect() logs
-                await self.publish()
+        self.loop = Periodic("usage publish", self.publish, interval_s)
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:

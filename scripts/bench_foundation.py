@@ -19,26 +19,19 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from splitserve.bench.overhead import paired_overhead  # noqa: E402
 from tests.conftest import free_port, running_deployment, test_config  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the small model counts tokens."
-
-
-def pct(xs: list[float], q: float) -> float:
-    """The q-quantile (0..1) of xs, nearest rank."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def bench_startup() -> dict:
@@ -70,30 +63,6 @@ def bench_startup() -> dict:
     return {"make_serve_to_first_token_s": first_token}
 
 
-async def _direct(handle, ids: list[int], max_tokens: int, i: int) -> float:
-    from splitserve.engine.messages import GenerateRequest, Sampling
-
-    req = GenerateRequest(
-        request_id=f"bench-direct-{i}", prompt_token_ids=tuple(ids),
-        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
-    )
-    t = time.perf_counter()
-    async for _ in handle.options(stream=True).generate.remote(req):
-        pass
-    return time.perf_counter() - t
-
-
-async def _routed(client: httpx.AsyncClient, ids: list[int], max_tokens: int) -> float:
-    t = time.perf_counter()
-    r = await client.post(
-        "/v1/completions",
-        json={"model": "splitserve-tiny", "prompt": ids, "max_tokens": max_tokens,
-              "temperature": 0},
-    )
-    r.raise_for_status()
-    return time.perf_counter() - t
-
-
 def bench_overhead(n: int, max_tokens_list: tuple[int, ...]) -> dict:
     """Router vs direct engine latency, interleaved, sequential requests."""
     from ray import serve
@@ -105,30 +74,10 @@ def bench_overhead(n: int, max_tokens_list: tuple[int, ...]) -> dict:
     results = {}
     with running_deployment(test_config(mode="colocated")) as base:
         handle = serve.get_deployment_handle("decode", app_name="splitserve")
-
-        async def run(max_tokens: int) -> dict:
-            async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-                for i in range(10):  # warm-up both paths
-                    await _direct(handle, ids, max_tokens, -i - 1)
-                    await _routed(client, ids, max_tokens)
-                direct, routed = [], []
-                for i in range(n):
-                    direct.append(await _direct(handle, ids, max_tokens, i))
-                    routed.append(await _routed(client, ids, max_tokens))
-            diffs = [r - d for r, d in zip(routed, direct)]
-            ms = lambda xs, q: round(pct(xs, q) * 1000, 2)  # noqa: E731
-            return {
-                "requests": n,
-                "prompt_tokens": len(ids),
-                "direct_p50_ms": ms(direct, 0.5), "direct_p99_ms": ms(direct, 0.99),
-                "router_p50_ms": ms(routed, 0.5), "router_p99_ms": ms(routed, 0.99),
-                "added_p50_ms": round((pct(routed, .5) - pct(direct, .5)) * 1000, 2),
-                "added_p99_ms": round((pct(routed, .99) - pct(direct, .99)) * 1000, 2),
-                "paired_diff_median_ms": round(statistics.median(diffs) * 1000, 2),
-            }
-
         for mt in max_tokens_list:
-            results[f"max_tokens={mt}"] = asyncio.run(run(mt))
+            results[f"max_tokens={mt}"] = asyncio.run(
+                paired_overhead(base, handle, ids, pairs=n, max_tokens=mt)
+            )
     return results
 
 

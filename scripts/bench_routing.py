@@ -62,6 +62,7 @@ from splitserve.router.routing import (
 from splitserve.router.tenancy import cache_salt_for, generate_api_key, hash_api_key
 
 from splitserve.bench.client import Target, make_client, send_one
+from splitserve.bench.overhead import direct_latency, paired_overhead, pct_ms, routed_latency
 from splitserve.bench.report import write_json, write_requests
 from splitserve.bench.results import RequestResult
 from splitserve.bench.stats import percentiles
@@ -377,62 +378,6 @@ def short_prompt(seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng([seed, 20]).integers(*TOKENS, SHORT_PROMPT_LEN)]
 
 
-def completion(ids: list[int]) -> dict[str, Any]:
-    """A non-streamed one-token completion body."""
-    return {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}
-
-
-async def direct_once(handle, ids: list[int], tag: str) -> float:
-    """Seconds for one max_tokens=1 request through the engine's Serve handle (no router)."""
-    from splitserve.engine.messages import GenerateRequest, Sampling
-
-    req = GenerateRequest(
-        request_id=f"bench-direct-{tag}",
-        prompt_token_ids=tuple(ids),
-        sampling=Sampling(max_tokens=1, temperature=0.0),
-    )
-    t = time.perf_counter()
-    async for _ in handle.options(stream=True).generate.remote(req):
-        pass
-    return time.perf_counter() - t
-
-
-async def routed_once(client: httpx.AsyncClient, ids: list[int], headers: dict) -> float:
-    """Seconds for one max_tokens=1 request through the HTTP proxy and the router."""
-    t = time.perf_counter()
-    r = await client.post("/v1/completions", json=completion(ids), headers=headers)
-    r.raise_for_status()
-    return time.perf_counter() - t
-
-
-def pct_ms(xs: Sequence[float], q: float) -> float:
-    """The q-th percentile of seconds `xs`, in ms."""
-    return round(float(np.percentile(xs, q)) * 1000, 2)
-
-
-async def overhead(base: str, handle, ids: list[int], headers: list[dict], n: int) -> dict:
-    """Router vs direct latency, alternating one of each, sequential."""
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-        for i in range(10):  # warm both paths
-            await direct_once(handle, ids, f"w{i}")
-            await routed_once(client, ids, headers[i % len(headers)])
-        direct, routed = [], []
-        for i in range(n):
-            direct.append(await direct_once(handle, ids, str(i)))
-            routed.append(await routed_once(client, ids, headers[i % len(headers)]))
-    diffs = [r - d for r, d in zip(routed, direct, strict=True)]
-    return {
-        "pairs": n,
-        "direct_p50_ms": pct_ms(direct, 50),
-        "direct_p99_ms": pct_ms(direct, 99),
-        "router_p50_ms": pct_ms(routed, 50),
-        "router_p99_ms": pct_ms(routed, 99),
-        "added_p50_ms": round(pct_ms(routed, 50) - pct_ms(direct, 50), 2),
-        "added_p99_ms": round(pct_ms(routed, 99) - pct_ms(direct, 99), 2),
-        "paired_diff_median_ms": pct_ms(diffs, 50),
-    }
-
-
 async def closed_loop(send, concurrency: int, seconds: float, warm_s: float = 1.0) -> dict:
     """`concurrency` workers each calling `send(i)` back to back; completions per second counted
     in a window of `seconds` after `warm_s`, and their latency."""
@@ -473,11 +418,11 @@ async def sweep(
         for c in levels:
             points.append(
                 await closed_loop(
-                    lambda i: routed_once(client, ids, headers[i % len(headers)]), c, seconds
+                    lambda i: routed_latency(client, ids, headers=headers[i % len(headers)]), c, seconds
                 )
             )
     direct = await closed_loop(
-        lambda i: direct_once(handle, ids, f"s{i}-{time.time_ns()}"), max(levels), seconds
+        lambda i: direct_latency(handle, ids, tag=f"s{i}-{time.time_ns()}"), max(levels), seconds
     )
     best = max(p["requests_per_s"] for p in points)
     return {
@@ -505,7 +450,9 @@ def run_tenancy(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     with running_deployment(test_config(**overrides)) as base:
         print(f"[tenancy/{mode}] ready after {time.perf_counter() - start:.0f} s", flush=True)
         handle = serve.get_deployment_handle("decode", app_name="splitserve")
-        over = asyncio.run(overhead(base, handle, ids, headers, args.overhead_requests))
+        over = asyncio.run(
+            paired_overhead(base, handle, ids, pairs=args.overhead_requests, headers=headers)
+        )
         rates = asyncio.run(sweep(base, handle, ids, headers, args.concurrency, args.level_seconds))
     return {"tenants": len(keys), "overhead": over, "throughput": rates}
 

@@ -113,7 +113,13 @@ class RouterConfig(_Strict):
     port: int = Field(8000, ge=1, le=65535)
     replicas: int = Field(1, ge=1)
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")
-    request_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Deadline of one request from its arrival, admission queues included: past "
+        "it the request is cancelled in every pool and the client gets 504 (an error event if "
+        "it is already streaming).",
+    )
     health_timeout_s: float = Field(2.0, gt=0)
     routing: RoutingConfig = RoutingConfig()
 

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.engine
 
 MODEL = "splitserve-tiny"
 MAX_BODY = 64 * 1024
+# Long enough for every other request of this module on two busy cores; a 2000-token generation
+# takes about 40 s here (the tiny model decodes one sequence at about 20 ms per token).
+REQUEST_TIMEOUT_S = 15
 
 PROMPTS = [
     "Hello, how are you today?",
@@ -49,7 +52,13 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def deployment():
-    cfg = test_config(**{"router.max_body_bytes": MAX_BODY, "mode": "colocated"})
+    cfg = test_config(
+        **{
+            "router.max_body_bytes": MAX_BODY,
+            "router.request_timeout_s": REQUEST_TIMEOUT_S,
+            "mode": "colocated",
+        }
+    )
     with running_deployment(cfg) as base:
         yield base
 
@@ -310,6 +319,44 @@ def test_cancelled_stream_leaves_nothing_running(client):
             break
         asyncio.run(asyncio.sleep(0.2))
     assert stats.num_unfinished == 0
+
+
+def _decode_idle() -> int:
+    """The decode engine's unfinished requests, once it has none or after ~10 s."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("decode", app_name="splitserve")
+    for _ in range(50):
+        unfinished = handle.stats.remote().result().num_unfinished
+        if unfinished == 0:
+            break
+        asyncio.run(asyncio.sleep(0.2))
+    return unfinished
+
+
+def test_request_past_its_deadline_is_504_and_aborted(client):
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.completions.create(
+            model=MODEL, prompt="slow", max_tokens=2000, temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    body = _assert_error(exc.value, 504, None, code="request_timeout")
+    assert "request_timeout_s" in body["message"] and body["type"] == "timeout_error"
+    assert _decode_idle() == 0
+
+
+def test_stream_past_its_deadline_ends_with_an_error_event(client):
+    stream = client.completions.create(
+        model=MODEL, prompt="slow", max_tokens=2000, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    received = 0
+    with pytest.raises(openai.APIError) as exc:
+        for chunk in stream:
+            received += len(chunk.choices[0].text) > 0 if chunk.choices else 0
+    assert received > 0  # it was streaming when the deadline struck
+    assert exc.value.body["code"] == "request_timeout"
+    assert _decode_idle() == 0
 
 
 def test_metrics_count_requests(deployment, client):

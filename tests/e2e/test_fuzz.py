@@ -1,6 +1,9 @@
-"""Fuzz of the HTTP API: seeded malformed requests never give a 500 or crash the router.
+"""Bad input and overload over HTTP: seeded malformed requests never give a 500 or crash the
+router, and a flood beyond the admission queue is refused fast while /health and /metrics answer.
 
-One colocated deployment (one decode worker on one core) for the module. The cases come from
+One colocated deployment (one decode worker on one core) for the module, with a small decode gate
+(DECODE_SLOTS in flight, MAX_QUEUED waiting): the fuzz sends one request at a time, the flood
+many at once. The cases come from
 `tests/fuzz_requests.py` (a seeded `random.Random`; `hypothesis` is not in the pinned
 environment): invalid JSON and UTF-8, deep nesting, NaN, bodies over `router.max_body_bytes`,
 wrong types, negative and huge values (`n`, `max_tokens`, penalties...), unknown fields. Every
@@ -10,6 +13,7 @@ router still answers /health, /metrics and a normal request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -23,11 +27,21 @@ pytestmark = [pytest.mark.engine, pytest.mark.chaos]
 
 MAX_BODY = 32 * 1024
 N_CASES = 400
+DECODE_SLOTS = 2
+MAX_QUEUED = 4
+FLOOD = 40
 
 
 @pytest.fixture(scope="module")
 def deployment():
-    cfg = test_config(**{"mode": "colocated", "router.max_body_bytes": MAX_BODY})
+    cfg = test_config(
+        **{
+            "mode": "colocated",
+            "router.max_body_bytes": MAX_BODY,
+            "tenancy.decode_max_in_flight": DECODE_SLOTS,
+            "tenancy.max_queued": MAX_QUEUED,
+        }
+    )
     with running_deployment(cfg) as base:
         yield base
 
@@ -75,3 +89,31 @@ def test_router_is_healthy_after_the_fuzz(deployment):
         ln for ln in httpx.get(f"{deployment}/metrics").text.splitlines()
         if ln.startswith("splitserve_requests_total{")
     )
+
+
+def test_a_flood_is_refused_fast_and_health_and_metrics_still_answer(deployment):
+    """FLOOD concurrent requests against DECODE_SLOTS + MAX_QUEUED places: the rest get 429 or
+    503 with Retry-After and an OpenAI error body at once; the admitted ones complete; /health
+    and /metrics answer 200 while the flood is on."""
+    body = {"model": MODEL, "prompt": "flood", "max_tokens": 48, "temperature": 0,
+            "ignore_eos": True}
+
+    async def run():
+        async with httpx.AsyncClient(base_url=deployment, timeout=300) as client:
+            flood = [asyncio.create_task(client.post("/v1/completions", json=body))
+                     for _ in range(FLOOD)]
+            await asyncio.sleep(0.5)  # the gate is full now
+            side = [await client.get("/health", timeout=30), await client.get("/metrics",
+                                                                               timeout=30)]
+            return await asyncio.gather(*flood), side
+
+    answers, side = asyncio.run(run())
+    assert [r.status_code for r in side] == [200, 200]
+    served = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code != 200]
+    assert {r.status_code for r in refused} <= {429, 503}, [r.text for r in refused]
+    assert len(served) >= DECODE_SLOTS and len(refused) >= FLOOD - DECODE_SLOTS - MAX_QUEUED - 4
+    for r in refused:
+        assert int(r.headers["retry-after"]) >= 1
+        _check(r.status_code, r.headers.get("content-type", ""), r.text, b"flood")
+    assert all(r.json()["usage"]["completion_tokens"] == 48 for r in served)

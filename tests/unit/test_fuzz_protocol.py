@@ -1,6 +1,7 @@
-"""Fuzz of request parsing and prompt building (no Ray, no engine): every malformed request is
-an `APIError` with an OpenAI error body, never another exception. The same seeded cases go
-through the real HTTP API in tests/e2e/test_fuzz.py."""
+"""Fuzz of request preparation (no Ray, no engine): every malformed request is an `APIError` with
+an OpenAI error body, never another exception, and every accepted one passes vLLM's own checks of
+its sampling parameters. The same seeded cases go through the real HTTP API in
+tests/e2e/test_fuzz.py (seed 42)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from splitserve.models import resolve_model_path
 from splitserve.router.errors import APIError
 from splitserve.router.prompts import PromptBuilder
-from splitserve.router.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from tests.fuzz_requests import cases
+from splitserve.router.prepare import prepare
+from splitserve.router.protocol import CompletionRequest, parse_request
+from tests.fuzz_requests import MODEL, cases
 
 MAX_BODY = 1 << 20
 
@@ -21,18 +23,16 @@ def prompts() -> PromptBuilder:
 
 
 def _prepare(path: str, body: bytes, prompts: PromptBuilder) -> None:
-    """What the router does with a body before any worker sees it."""
-    model = ChatCompletionRequest if path.endswith("chat/completions") else CompletionRequest
-    req = parse_request(body, model)
-    if isinstance(req, ChatCompletionRequest):
-        ids = prompts.encode_chat([{"role": m.role, "content": m.text()} for m in req.messages])
-        prompts.fit(ids, req.output_limit(), param="messages")
-    else:
-        prompts.fit(prompts.encode_completion(req.prompt), req.max_tokens, param="prompt")
-    req.stops()
+    """What the router does with a body before any worker sees it, then vLLM's own checks of the
+    sampling parameters: an accepted request must be one that the engine accepts too."""
+    from splitserve.engine.host import to_sampling_params
+
+    endpoint = "chat" if path.endswith("chat/completions") else "completions"
+    prepared = prepare(endpoint, body, prompts, model_name=MODEL)
+    to_sampling_params(prepared.generate.sampling)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2, 42])
 def test_malformed_requests_only_raise_api_errors(seed, prompts):
     outcomes = {"ok": 0, "error": 0}
     for path, _, body in cases(seed, 1000, max_body=MAX_BODY):
@@ -58,3 +58,21 @@ def test_pathological_json_is_a_400(body):
     with pytest.raises(APIError) as info:
         parse_request(body, CompletionRequest)
     assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_tokens": 2, "min_tokens": 3}, "min_tokens"),  # vLLM refuses min > max
+        ({"min_tokens": 5000}, "min_tokens"),  # over what fits when max_tokens is absent
+        ({"max_tokens": 2, "seed": 2**63}, "seed"),  # not a torch.long
+        ({"max_tokens": 2, "seed": -(2**63) - 1}, "seed"),
+    ],
+)
+def test_values_the_engine_would_refuse_are_a_400_naming_the_parameter(extra, param, prompts):
+    import json
+
+    body = json.dumps({"model": MODEL, "prompt": "hi", **extra}).encode()
+    with pytest.raises(APIError) as info:
+        prepare("completions", body, prompts, model_name=MODEL)
+    assert (info.value.status, info.value.param) == (400, param)

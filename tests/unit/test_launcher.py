@@ -24,7 +24,7 @@ def stubbed(monkeypatch, tmp_path):
     monkeypatch.setattr(launcher, "stop", lambda session, console: calls.append("stop"))
     import ray
 
-    monkeypatch.setattr(ray, "cluster_resources", lambda: {})
+    monkeypatch.setattr(ray, "cluster_resources", dict)
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     yield calls
     for s, h in old.items():

@@ -86,8 +86,8 @@ def test_start_publishes_in_the_background() -> None:
                          board=lambda: FakeHandle(board), interval_s=0.01)
 
     async def run() -> None:
-        pub.start()
-        pub.start()  # idempotent
+        assert pub.loop.start()
+        assert pub.loop.start()  # idempotent
         for _ in range(200):
             if board.snapshots():
                 return

@@ -1,0 +1,88 @@
+"""The router's added latency: the same request through the HTTP proxy and router, and through
+the engine's Serve handle directly, measured in alternating pairs (used by the benchmark scripts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+MODEL = "splitserve-tiny"
+
+
+async def direct_latency(handle: Any, ids: Sequence[int], *, tag: str, max_tokens: int = 1) -> float:
+    """Seconds for one greedy request through a pool's Serve handle (no proxy, no router)."""
+    from splitserve.engine.messages import GenerateRequest, Sampling
+
+    req = GenerateRequest(
+        request_id=f"bench-direct-{tag}",
+        prompt_token_ids=tuple(ids),
+        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+    )
+    t = time.perf_counter()
+    async for _ in handle.options(stream=True).generate.remote(req):
+        pass
+    return time.perf_counter() - t
+
+
+async def routed_latency(
+    client: httpx.AsyncClient,
+    ids: Sequence[int],
+    *,
+    max_tokens: int = 1,
+    headers: dict[str, str] | None = None,
+    model: str = MODEL,
+) -> float:
+    """Seconds for one non-streamed greedy completion through the proxy and the router."""
+    body = {"model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0}
+    t = time.perf_counter()
+    r = await client.post("/v1/completions", json=body, headers=headers)
+    r.raise_for_status()
+    return time.perf_counter() - t
+
+
+def pct_ms(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of seconds `xs`, in ms."""
+    return round(float(np.percentile(xs, q)) * 1000, 2)
+
+
+async def paired_overhead(
+    base: str,
+    handle: Any,
+    ids: Sequence[int],
+    *,
+    pairs: int,
+    max_tokens: int = 1,
+    headers: Sequence[dict[str, str]] = ({},),
+    warmup: int = 10,
+) -> dict[str, float]:
+    """Router vs direct latency, one of each in turn, sequential; `headers` rotate per request
+    (one API key per tenant). p50/p99 of each path, their difference, and the median of the
+    paired differences."""
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        for i in range(warmup):
+            await direct_latency(handle, ids, tag=f"w{i}-{time.time_ns()}", max_tokens=max_tokens)
+            await routed_latency(client, ids, max_tokens=max_tokens,
+                                 headers=headers[i % len(headers)])
+        direct, routed = [], []
+        for i in range(pairs):
+            direct.append(await direct_latency(handle, ids, tag=f"{i}-{time.time_ns()}",
+                                               max_tokens=max_tokens))
+            routed.append(await routed_latency(client, ids, max_tokens=max_tokens,
+                                               headers=headers[i % len(headers)]))
+    diffs = [r - d for r, d in zip(routed, direct, strict=True)]
+    return {
+        "pairs": pairs,
+        "prompt_tokens": len(ids),
+        "direct_p50_ms": pct_ms(direct, 50),
+        "direct_p99_ms": pct_ms(direct, 99),
+        "router_p50_ms": pct_ms(routed, 50),
+        "router_p99_ms": pct_ms(routed, 99),
+        "added_p50_ms": round(pct_ms(routed, 50) - pct_ms(direct, 50), 2),
+        "added_p99_ms": round(pct_ms(routed, 99) - pct_ms(direct, 99), 2),
+        "paired_diff_median_ms": pct_ms(diffs, 50),
+    }
