@@ -105,6 +105,7 @@ class Router:
         self.dispatcher = Dispatcher(
             pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals,
             replicas={role: p.replicas for role, p in cfg.deployed_pools().items()},
+            decode_migrations=cfg.router.decode_migrations,
         )
         self.controller_link = self._link_controller(cfg)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)

@@ -25,7 +25,13 @@ from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_re
 from splitserve.router.errors import APIError, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
-from splitserve.router.retry import classify, failed_replica, retry_prefill
+from splitserve.router.retry import (
+    classify,
+    continuation,
+    failed_replica,
+    migrate_decode,
+    retry_prefill,
+)
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
 
@@ -43,12 +49,14 @@ class Dispatcher:
         tenancy: Tenancy,
         signals: SignalRecorder | None = None,
         replicas: dict[str, int] | None = None,
+        decode_migrations: int = 1,
     ) -> None:
         self.pools = pools
         self.disagg = disagg
         self.metrics = metrics
         self.tenancy = tenancy
         self.signals = signals or SignalRecorder(pools)
+        self.decode_migrations = decode_migrations
         self.replicas = dict(replicas or {})  # ready replicas per pool (the controller updates it)
         # This replica's prefill work in flight, for the spill rule: prompts waiting for or in a
         # remote prefill (until their handoff or fallback), and prompts prefilling on decode
@@ -110,28 +118,45 @@ class Dispatcher:
         self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
         try:
             async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
-                gen = self.pools["decode"].options(stream=True).generate.remote(req)
-                first, n_out = None, 0
-                try:
-                    async for chunk in gen:
-                        ticket.add_output(len(chunk.token_ids))
-                        if chunk.kv_bytes:
-                            self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
-                        if chunk.token_ids and first is None:
-                            first = time.perf_counter()
-                            self.signals.first_token("decode", first - start)
-                            self._local_tokens -= local_tokens
-                            local_tokens = 0
-                        n_out += len(chunk.token_ids)
-                        yield chunk
-                except APIError:
-                    raise
-                except Exception as err:  # worker crashed, engine error, replica gone
-                    raise _worker_error(req.request_id, err) from err
-                finally:
-                    gen.cancel()
+                first, streamed = None, []
+                attempt, migrations, replica = req, 0, ""
+                while attempt is not None:
+                    gen = self.pools["decode"].options(stream=True).generate.remote(attempt)
+                    try:
+                        async for chunk in gen:
+                            replica = chunk.replica or replica
+                            ticket.add_output(len(chunk.token_ids))
+                            if chunk.kv_bytes:
+                                self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                            if chunk.token_ids and first is None:
+                                first = time.perf_counter()
+                                self.signals.first_token("decode", first - start)
+                                self._local_tokens -= local_tokens
+                                local_tokens = 0
+                            streamed.extend(chunk.token_ids)
+                            yield chunk if attempt is req else _as_original(chunk, n_prompt)
+                        attempt = None
+                    except APIError:
+                        raise
+                    except Exception as err:  # worker crashed, engine error, replica gone
+                        kind = classify(err)
+                        if not migrate_decode(kind=kind, migrations=migrations,
+                                              max_migrations=self.decode_migrations):
+                            raise _worker_error(req.request_id, err) from err
+                        migrations += 1
+                        failed = failed_replica(err) or replica
+                        avoid = attempt.avoid_replicas + ((failed,) if failed else ())
+                        self.metrics.decode_migrations.labels(reason=kind).inc()
+                        log.warning("decode of %s failed after %d tokens (%s: %s); continuing "
+                                    "on another replica", req.request_id, len(streamed), kind, err)
+                        attempt = continuation(req, streamed, migration=migrations, avoid=avoid)
+                        if attempt is None:  # every token was out: only the ending was lost
+                            yield GenerateChunk((), "", finish_reason="length",
+                                                num_prompt_tokens=n_prompt, replica=replica)
+                    finally:
+                        gen.cancel()
                 if first is not None:
-                    self.signals.finished("decode", time.perf_counter() - first, n_out)
+                    self.signals.finished("decode", time.perf_counter() - first, len(streamed))
         finally:
             self._local_tokens -= local_tokens
 
@@ -198,6 +223,15 @@ class Dispatcher:
             gen.cancel()  # timed out or cancelled: the prefill engine aborts and frees its blocks
             raise
         return KVHandoff.from_params(params)
+
+
+def _as_original(chunk: GenerateChunk, n_prompt: int) -> GenerateChunk:
+    """A continuation's chunk as the client's request sees it: the streamed tokens that the
+    continuation took as prompt are not prompt tokens of the request."""
+    return dataclasses.replace(
+        chunk, num_prompt_tokens=n_prompt,
+        num_cached_tokens=min(chunk.num_cached_tokens, n_prompt),
+    )
 
 
 def _worker_error(request_id: str, err: Exception) -> APIError:

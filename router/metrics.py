@@ -66,6 +66,12 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.decode_migrations = Counter(
+            "splitserve_decode_migrations",
+            "Requests continued on another decode replica after theirs failed, by failure kind.",
+            ["reason"],
+            registry=r,
+        )
         self.prefill_fallbacks = Counter(
             "splitserve_prefill_fallbacks",
             "Remote prefills that failed and were redone on the decode worker.",

@@ -1,14 +1,25 @@
-"""Remote-prefill retries: pure decisions (no Ray, no I/O), unit-tested in milliseconds.
+"""Retries of failed worker calls: pure decisions (no Ray, no I/O), unit-tested in milliseconds.
 
-The dispatcher tries the prefill pool up to `disaggregation.prefill_attempts` times within
-`disaggregation.prefill_timeout_s`, each retry steered away from the replicas that failed; then
-the decode worker prefills locally. The client never sees a prefill failure, only a later first
-token.
+Prefill: the dispatcher tries the prefill pool up to `disaggregation.prefill_attempts` times
+within `disaggregation.prefill_timeout_s`, each retry steered away from the replicas that failed;
+then the decode worker prefills locally. The client never sees a prefill failure, only a later
+first token.
+
+Decode: when a decode replica fails mid-stream, the request migrates (up to
+`router.decode_migrations` times) to another decode replica as a continuation: the prompt plus
+the tokens already streamed, for the tokens still owed. The client's stream goes on without a
+repeated or missing token; for greedy decoding without presence/frequency penalties the output is
+the one an undisturbed run gives (penalties count only a request's own output tokens, and the
+streamed ones are prompt tokens in the continuation).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Literal
+
+from splitserve.engine.messages import GenerateRequest
 
 from splitserve.kv_transfer.handoff import HandoffError
 
@@ -56,3 +67,37 @@ def retry_prefill(*, kind: FailureKind, attempt: int, attempts: int, time_left_s
     if kind in ("overload", "timeout"):
         return False
     return attempt < attempts and time_left_s > MIN_ATTEMPT_S
+
+
+def migrate_decode(*, kind: FailureKind, migrations: int, max_migrations: int) -> bool:
+    """After a decode failure: continue the request on another decode replica?
+
+    Not when the pool refused it (no replica can take it: moving it would fail the same way), and
+    not past `max_migrations`.
+    """
+    return kind != "overload" and migrations < max_migrations
+
+
+def continuation(
+    req: GenerateRequest, streamed: Sequence[int], *, migration: int, avoid: tuple[str, ...]
+) -> GenerateRequest | None:
+    """The request that finishes `req` after `streamed` output tokens reached the client, or None
+    when nothing is owed any more (the failure came after the last token).
+
+    The continuation prefills on the decode worker (no KV handoff: the prefill's blocks belong to
+    the failed attempt), has a request id of its own, and avoids the replicas that failed.
+    """
+    owed = req.sampling.max_tokens - len(streamed)
+    if owed <= 0:
+        return None
+    sampling = dataclasses.replace(
+        req.sampling, max_tokens=owed, min_tokens=max(req.sampling.min_tokens - len(streamed), 0)
+    )
+    return dataclasses.replace(
+        req,
+        request_id=f"{req.request_id}-m{migration}",
+        prompt_token_ids=(*req.prompt_token_ids, *streamed),
+        sampling=sampling,
+        kv_transfer_params=None,
+        avoid_replicas=avoid,
+    )

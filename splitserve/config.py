@@ -121,6 +121,13 @@ class RouterConfig(_Strict):
         "it is already streaming).",
     )
     health_timeout_s: float = Field(2.0, gt=0)
+    decode_migrations: int = Field(
+        1,
+        ge=0,
+        le=4,
+        description="Times a request whose decode replica fails is continued on another decode "
+        "replica (prompt + the tokens already streamed); then the client gets the error.",
+    )
     routing: RoutingConfig = RoutingConfig()
 
 
