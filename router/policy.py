@@ -6,13 +6,14 @@ pool (remote, the KV then moves to decode over NIXL) or on the decode worker its
 1. A prompt with fewer uncached tokens than `min_remote_prompt_tokens` prefills locally: the
    handoff's fixed cost (NIXL moves whole blocks; a second hop) outweighs the prefill.
 2. With `max_prefill_queue` prefills already waiting or running, the prompt prefills locally.
-3. With `spill_to_decode` on, the prompt prefills locally when the prefill pool's backlog per
-   replica (uncached prompt tokens waiting or being prefilled) exceeds the decode pool's: the
-   prompts decode is prefilling itself plus `decode_stream_cost_tokens` for each stream it is
-   decoding, per replica. So an idle prefill pool always takes the prompt (decode steps stay free
-   of prefill), a busy one shares prefill work with a decode pool that has spare capacity (what
-   colocation does well on prefill-heavy load), and a decode pool busy streaming keeps its steps
-   to itself. At equal backlogs the prompt goes remote.
+3. With `spill_to_decode` on, the prompt prefills locally when that is the faster path: when
+   the prefill pool's backlog per replica (uncached prompt tokens waiting or being prefilled)
+   plus the handoff's own cost (`handoff_cost_tokens`: the KV pull and the second hop, in prompt
+   tokens' worth of time) exceeds the decode pool's backlog per replica (the prompts decode is
+   prefilling itself, plus `decode_stream_cost_tokens` for each stream it is decoding). So a
+   decode pool with spare capacity takes prompts itself, as a colocated engine would (what wins
+   on prefill-heavy load), the prefill pool takes them once decode is busier, and a decode pool
+   busy streaming keeps its steps free of prefill (what wins on decode-heavy load).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class PrefillPath(str, Enum):
     REMOTE = "remote"
     SHORT = "short"  # too few uncached tokens for a handoff
     QUEUE_FULL = "queue_full"  # max_prefill_queue prefills in flight
-    SPILL = "spill"  # the prefill pool is more backed up than decode
+    SPILL = "spill"  # prefilling on decode is the faster path
     COLOCATED = "colocated"  # no prefill pool deployed
 
     @property
@@ -80,6 +81,8 @@ def prefill_path(
         return PrefillPath.SHORT
     if load.prefill_requests >= cfg.max_prefill_queue:
         return PrefillPath.QUEUE_FULL
-    if cfg.spill_to_decode and prefill_backlog(load) > decode_backlog(load, cfg):
+    if cfg.spill_to_decode and (
+        prefill_backlog(load) + cfg.handoff_cost_tokens > decode_backlog(load, cfg)
+    ):
         return PrefillPath.SPILL
     return PrefillPath.REMOTE

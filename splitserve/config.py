@@ -149,10 +149,17 @@ class DisaggregationConfig(_Strict):
     )
     spill_to_decode: bool = Field(
         True,
-        description="Prefill locally when the prefill pool's backlog per replica exceeds the "
-        "decode pool's (router/policy.py): a busy prefill pool shares prompts with a decode pool "
-        "that has spare capacity. Off: every long-enough prompt goes remote until "
-        "`max_prefill_queue`.",
+        description="Prefill on the decode worker when that is the faster path: the prefill "
+        "pool's backlog per replica plus the handoff's cost exceeds the decode pool's "
+        "(router/policy.py). Off: every long-enough prompt goes remote until `max_prefill_queue`.",
+    )
+    handoff_cost_tokens: int = Field(
+        256,
+        ge=0,
+        description="What a remote prefill's handoff (KV pull, second hop) costs in prompt tokens "
+        "of prefill time, when the two paths are compared. The default fits the CPU engine: its "
+        "handoff takes about 100 ms, in which it prefills about 300 tokens. With RDMA on GPUs the "
+        "handoff is a few ms: set it lower.",
     )
     decode_stream_cost_tokens: int = Field(
         64,

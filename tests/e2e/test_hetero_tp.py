@@ -24,6 +24,7 @@ def deployment():
         **{
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": 1,
+            "disaggregation.spill_to_decode": False,  # every prompt takes the NIXL path
             "pools.prefill.tensor_parallel_size": 2,
             "pools.decode.tensor_parallel_size": 1,
             "placement.share_cores": True,

@@ -23,7 +23,12 @@ pytestmark = [
 
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
 def test_gpu_deployment_answers(mode):
-    overrides = {"mode": mode, "device": "cuda", "disaggregation.min_remote_prompt_tokens": 1}
+    overrides = {
+        "mode": mode,
+        "device": "cuda",
+        "disaggregation.min_remote_prompt_tokens": 1,
+        "disaggregation.spill_to_decode": False,  # the remote path, also on an idle pool
+    }
     if os.environ.get("SPLITSERVE_GPU_MODEL"):
         overrides["model.path"] = os.environ["SPLITSERVE_GPU_MODEL"]
     cfg = test_config(**overrides)

@@ -67,7 +67,10 @@ class _Iter:
 
 
 def _setup(**disagg):
-    cfg = parse_config({"mode": "disaggregated", "disaggregation": disagg})
+    # No handoff cost: the first long prompt then goes remote on idle pools (see test_policy).
+    cfg = parse_config(
+        {"mode": "disaggregated", "disaggregation": {"handoff_cost_tokens": 0, **disagg}}
+    )
     prefill = _Gated([GenerateChunk(token_ids=(7,), text="", kv_transfer_params=HANDOFF)])
     decode = _Gated([GenerateChunk(token_ids=(1,), text="a"), GenerateChunk((2,), "b", "length")])
     metrics = RouterMetrics()
@@ -95,6 +98,9 @@ def _reason(metrics, reason: str) -> float:
 
 def test_remote_then_spilled_prompt_are_counted_until_prefilled_then_released():
     async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
         d, prefill, decode, metrics = _setup()
         out: list = []
         first = asyncio.create_task(_drain(d, _req(1536, 1), out))
@@ -117,6 +123,9 @@ def test_remote_then_spilled_prompt_are_counted_until_prefilled_then_released():
 
 def test_a_client_that_walks_away_releases_its_local_prefill():
     async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
         d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)  # everything short: local
         stream = d.stream(_req(500), DEFAULT_TENANT)
         task = asyncio.create_task(stream.__anext__())

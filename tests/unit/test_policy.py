@@ -8,8 +8,10 @@ from splitserve.config import DisaggregationConfig
 from splitserve.kv_transfer.handoff import HandoffError, KVHandoff, prefill_request_params
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 
+# No handoff cost here: these cases compare the two backlogs alone (the cost has its own tests).
 CFG = DisaggregationConfig(
-    min_remote_prompt_tokens=100, max_prefill_queue=4, decode_stream_cost_tokens=50
+    min_remote_prompt_tokens=100, max_prefill_queue=4, decode_stream_cost_tokens=50,
+    handoff_cost_tokens=0,
 )
 IDLE = PoolLoad()
 
@@ -57,8 +59,18 @@ def test_spill_off_sends_long_prompts_remote_until_the_queue_is_full():
     assert _path(1536, load=PoolLoad(prefill_requests=4), cfg=cfg) is PrefillPath.QUEUE_FULL
 
 
+def test_the_handoff_cost_keeps_prompts_on_a_decode_pool_with_spare_capacity():
+    cfg = CFG.model_copy(update={"handoff_cost_tokens": 256})
+    assert _path(1536, load=IDLE, cfg=cfg) is PrefillPath.SPILL  # both idle: no handoff wins
+    # decode streaming 6 requests (6 x 50 = 300 > 256): remote keeps its steps free
+    assert _path(1536, load=PoolLoad(decode_streams=6), cfg=cfg) is PrefillPath.REMOTE
+    # decode already prefilling 200 tokens, the prefill pool nothing: 0 + 256 > 200, local
+    assert _path(1536, load=PoolLoad(local_prefill_tokens=200), cfg=cfg) is PrefillPath.SPILL
+    assert _path(1536, load=PoolLoad(local_prefill_tokens=300), cfg=cfg) is PrefillPath.REMOTE
+
+
 def test_zero_threshold_sends_everything_remote():
-    cfg = DisaggregationConfig(min_remote_prompt_tokens=0)
+    cfg = DisaggregationConfig(min_remote_prompt_tokens=0, spill_to_decode=False)
     assert _path(1, cfg=cfg) is PrefillPath.REMOTE
 
 
