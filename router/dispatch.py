@@ -8,6 +8,9 @@ a bounded number of tries and a deadline (`router/retry.py`), then falls back to
 on the decode worker: the client never sees the prefill pool's trouble, only a slower first
 token. The decode request carries a fetch deadline: a handoff that waited longer than the prefill
 engine keeps its blocks is recomputed on decode instead of pulled.
+
+With tracing on, each stream is a `splitserve.dispatch` span with the policy decision, the prefill
+hop (one child span per try), the gate waits and the decode hop under it (`router/tracing.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span
+
 from splitserve.config import DisaggregationConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
@@ -28,6 +34,25 @@ from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 from splitserve.router.retry import classify, failed_replica, retry_prefill
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
+from splitserve.router.tracing import (
+    ATTEMPT,
+    DECODE,
+    DISPATCH,
+    FALLBACK,
+    FALLBACK_REASON,
+    FIRST_TOKEN,
+    NOOP_TRACING,
+    PREFILL,
+    PREFILL_ATTEMPT,
+    PREFILL_ATTEMPTS,
+    PREFILL_PATH,
+    PROMPT_TOKENS,
+    REPLICA,
+    REQUEST_ID,
+    Tracing,
+    decode_attributes,
+    record_failure,
+)
 
 log = logging.getLogger("splitserve.router")
 
@@ -43,8 +68,10 @@ class Dispatcher:
         tenancy: Tenancy,
         signals: SignalRecorder | None = None,
         replicas: dict[str, int] | None = None,
+        tracing: Tracing = NOOP_TRACING,
     ) -> None:
         self.pools = pools
+        self.tracing = tracing
         self.disagg = disagg
         self.metrics = metrics
         self.tenancy = tenancy
@@ -78,107 +105,167 @@ class Dispatcher:
             cfg=self.disagg,
         )
 
-    async def stream(self, req: GenerateRequest, tenant: Tenant) -> AsyncIterator[GenerateChunk]:
+    async def stream(
+        self, req: GenerateRequest, tenant: Tenant, trace_context: Context | None = None
+    ) -> AsyncIterator[GenerateChunk]:
         """The request's chunks, in order. Closing the iterator cancels the worker request.
 
         Each pool hop first takes a slot of that pool's fair admission gate (per-tenant queues,
-        weighted fair order); a full decode queue is the client's 429/503.
+        weighted fair order); a full decode queue is the client's 429/503. `trace_context`: the
+        request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
         path = self._path(req)
         n_prompt = len(req.prompt_token_ids)
         self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
         if path is not PrefillPath.COLOCATED:
             self.metrics.disagg_reasons.labels(reason=path.value).inc()
-        prefilled = False
-        if path.remote:
-            self._remote["requests"] += 1
-            self._remote["tokens"] += n_prompt
-            try:
-                handoff = await self._admitted_prefill(req, tenant)
-            finally:
-                self._remote["requests"] -= 1
-                self._remote["tokens"] -= n_prompt
-            if handoff is not None:
-                prefilled = True
-                fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
-                req = dataclasses.replace(
-                    req, kv_transfer_params=handoff.decode_request_params(fetch_by)
-                )
-        local_tokens = 0 if prefilled else n_prompt  # decode prefills these itself
-        self._local_tokens += local_tokens
-        start = time.perf_counter()
-        self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
+        span = self.tracing.start(DISPATCH, trace_context)
+        if span.is_recording():
+            span.set_attributes({PREFILL_PATH: path.value, PROMPT_TOKENS: n_prompt})
+        parent = self.tracing.context_of(span)
         try:
-            async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
-                gen = self.pools["decode"].options(stream=True).generate.remote(req)
-                first, n_out = None, 0
+            prefilled = False
+            if path.remote:
+                self._remote["requests"] += 1
+                self._remote["tokens"] += n_prompt
                 try:
-                    async for chunk in gen:
-                        ticket.add_output(len(chunk.token_ids))
-                        if chunk.kv_bytes:
-                            self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
-                        if chunk.token_ids and first is None:
-                            first = time.perf_counter()
-                            self.signals.first_token("decode", first - start)
-                            self._local_tokens -= local_tokens
-                            local_tokens = 0
-                        n_out += len(chunk.token_ids)
-                        yield chunk
-                except APIError:
-                    raise
-                except Exception as err:  # worker crashed, engine error, replica gone
-                    raise _worker_error(req.request_id, err) from err
+                    handoff = await self._admitted_prefill(req, tenant, parent)
                 finally:
-                    gen.cancel()
-                if first is not None:
-                    self.signals.finished("decode", time.perf_counter() - first, n_out)
+                    self._remote["requests"] -= 1
+                    self._remote["tokens"] -= n_prompt
+                span.set_attribute(FALLBACK, handoff is None)
+                if handoff is not None:
+                    prefilled = True
+                    fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
+                    req = dataclasses.replace(
+                        req, kv_transfer_params=handoff.decode_request_params(fetch_by)
+                    )
+            local_tokens = 0 if prefilled else n_prompt  # decode prefills these itself
+            self._local_tokens += local_tokens
+            start = time.perf_counter()
+            self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
+            try:
+                async with self.tracing.admit(
+                    self.tenancy, "decode", tenant, n_prompt, parent
+                ) as ticket:
+                    hop = self.tracing.start(DECODE, parent)
+                    gen = self.pools["decode"].options(stream=True).generate.remote(req)
+                    first, n_out, kv_bytes, last = None, 0, 0, None
+                    try:
+                        async for chunk in gen:
+                            ticket.add_output(len(chunk.token_ids))
+                            if chunk.kv_bytes:
+                                kv_bytes += chunk.kv_bytes
+                                self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                            if chunk.token_ids and first is None:
+                                first = time.perf_counter()
+                                self.signals.first_token("decode", first - start)
+                                self._local_tokens -= local_tokens
+                                local_tokens = 0
+                                hop.add_event(FIRST_TOKEN)
+                            n_out += len(chunk.token_ids)
+                            last = chunk
+                            yield chunk
+                    except APIError as err:
+                        record_failure(hop, err)
+                        raise
+                    except Exception as err:  # worker crashed, engine error, replica gone
+                        record_failure(hop, err)
+                        raise _worker_error(req.request_id, err) from err
+                    except BaseException as err:  # cancelled, or the stream closed early
+                        record_failure(hop, err)
+                        raise
+                    finally:
+                        gen.cancel()
+                        if hop.is_recording():
+                            hop.set_attributes(decode_attributes(
+                                last, kv_bytes=kv_bytes, output_tokens=n_out, remote=prefilled,
+                                ttft_s=None if first is None else first - start,
+                            ))
+                        hop.end()
+                    if first is not None:
+                        self.signals.finished("decode", time.perf_counter() - first, n_out)
+            finally:
+                self._local_tokens -= local_tokens
+        except BaseException as err:
+            record_failure(span, err)
+            raise
         finally:
-            self._local_tokens -= local_tokens
+            span.end()
 
-    async def _admitted_prefill(self, req: GenerateRequest, tenant: Tenant) -> KVHandoff | None:
+    async def _admitted_prefill(
+        self, req: GenerateRequest, tenant: Tenant, parent: Context | None = None
+    ) -> KVHandoff | None:
         """The prefill hop behind the prefill gate; a full prefill queue means "prefill locally"."""
         start = time.perf_counter()
         self.signals.arrival("prefill", len(req.prompt_token_ids), 0)
+        hop = self.tracing.start(PREFILL, parent)
         try:
-            async with self.tenancy.admit("prefill", tenant, len(req.prompt_token_ids)):
-                handoff = await self._prefill(req)
+            async with self.tracing.admit(
+                self.tenancy, "prefill", tenant, len(req.prompt_token_ids),
+                self.tracing.context_of(hop),
+            ):
+                handoff = await self._prefill(req, hop)
             if handoff is not None:
                 self.signals.first_token("prefill", time.perf_counter() - start)
             return handoff
-        except TenancyError:
+        except TenancyError as err:
             self.metrics.prefill_fallbacks.inc()
+            if hop.is_recording():
+                hop.set_attributes({FALLBACK: True, FALLBACK_REASON: err.reason})
             return None
+        except BaseException as err:
+            record_failure(hop, err)
+            raise
+        finally:
+            hop.end()
 
-    async def _prefill(self, req: GenerateRequest) -> KVHandoff | None:
+    async def _prefill(self, req: GenerateRequest, hop: Span = INVALID_SPAN) -> KVHandoff | None:
         """The prefill step, retried on other replicas within the attempt and time budget.
 
         None means "prefill locally instead"; every failure, retry and fallback is counted.
+        `hop`: the prefill span (tracing on), parent of one span per try.
         """
         deadline = time.monotonic() + self.disagg.prefill_timeout_s
         avoid: tuple[str, ...] = ()
+        parent = self.tracing.context_of(hop)
         for attempt in range(1, self.disagg.prefill_attempts + 1):
+            hop.set_attribute(PREFILL_ATTEMPTS, attempt)
+            span = self.tracing.start(PREFILL_ATTEMPT, parent)
+            span.set_attribute(ATTEMPT, attempt)
             try:
                 return await asyncio.wait_for(
-                    self._prefill_once(req, attempt, avoid), deadline - time.monotonic()
+                    self._prefill_once(req, attempt, avoid, span), deadline - time.monotonic()
                 )
             except Exception as err:  # noqa: BLE001 - any prefill failure is retried or local
                 kind = classify(err)
+                record_failure(span, err, kind=kind)
                 self.metrics.prefill_failures.labels(reason=kind).inc()
                 log.warning("prefill of %s failed (try %d, %s): %s",
                             req.request_id, attempt, kind, err)
                 replica = failed_replica(err)
-                if replica and replica not in avoid:
-                    avoid += (replica,)
+                if replica:
+                    span.set_attribute(REPLICA, replica)
+                    if replica not in avoid:
+                        avoid += (replica,)
                 left = deadline - time.monotonic()
                 if not retry_prefill(kind=kind, attempt=attempt,
                                      attempts=self.disagg.prefill_attempts, time_left_s=left):
                     break
                 self.metrics.prefill_retries.inc()
+            except BaseException as err:  # cancelled: the client is gone
+                record_failure(span, err)
+                raise
+            finally:
+                span.end()
         self.metrics.prefill_fallbacks.inc()
+        if hop.is_recording():
+            hop.set_attributes({FALLBACK: True, FALLBACK_REASON: "prefill_failed"})
         return None
 
     async def _prefill_once(
-        self, req: GenerateRequest, attempt: int, avoid: tuple[str, ...]
+        self, req: GenerateRequest, attempt: int, avoid: tuple[str, ...],
+        span: Span = INVALID_SPAN,
     ) -> KVHandoff:
         """One prefill try (`max_tokens=1`, keep the blocks); raises when it gives no handoff."""
         suffix = "" if attempt == 1 else f"-{attempt}"
@@ -189,11 +276,14 @@ class Dispatcher:
             kv_transfer_params=prefill_request_params(),
             avoid_replicas=avoid,
         )
+        span.set_attribute(REQUEST_ID, prefill_req.request_id)
         params = None
         gen = self.pools["prefill"].options(stream=True).generate.remote(prefill_req)
         try:
             async for chunk in gen:
                 params = chunk.kv_transfer_params or params
+                if chunk.replica:
+                    span.set_attribute(REPLICA, chunk.replica)
         except BaseException:
             gen.cancel()  # timed out or cancelled: the prefill engine aborts and frees its blocks
             raise
