@@ -75,6 +75,12 @@ def _replica_header(renderer: Renderer) -> dict[str, str]:
     return {REPLICA_HEADER: renderer.replica} if renderer.replica else {}
 
 
+async def _aclose(chunks: AsyncIterator[GenerateChunk]) -> None:
+    """Close `chunks`. Starlette awaits only coroutine functions: an async generator's bound
+    `aclose` is not one, so it would be called in a thread and the close never awaited."""
+    await chunks.aclose()  # type: ignore[attr-defined]
+
+
 class _Timer:
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -333,7 +339,7 @@ class Router:
             events(),
             media_type="text/event-stream",
             headers={REPLICA_HEADER: first.replica},
-            background=BackgroundTask(chunks.aclose),
+            background=BackgroundTask(_aclose, chunks),
         )
 
     def _observe(self, timer: _Timer, renderer: Renderer) -> None:
