@@ -417,3 +417,41 @@ def test_a_full_decode_queue_is_an_admission_span_with_its_reason():
     failed = [s for s in spans[tr.ADMISSION] if s.status.status_code is StatusCode.ERROR]
     assert [s.attributes[tr.ERROR_TYPE] for s in failed] == ["queue_full"]
     assert len(spans[tr.ADMISSION]) == 3
+
+
+def test_config_bounds_and_the_otlp_exporter_is_wired_without_a_global_provider():
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from splitserve.config import ConfigError
+
+    with pytest.raises(ConfigError, match="tracing.sample_ratio"):
+        parse_config({"tracing": {"sample_ratio": 1.5}})
+    with pytest.raises(ConfigError, match="tracing.endpoint: unknown key"):
+        parse_config({"tracing": {"endpoint": "x"}})
+    cfg = parse_config({"tracing": {
+        "enabled": True, "otlp_endpoint": "http://127.0.0.1:9/v1/traces", "service_name": "r1",
+    }}).tracing
+    tracing = tr.Tracing.from_config(cfg)
+    try:
+        processors = tracing.provider._active_span_processor._span_processors
+        assert [type(p) for p in processors] == [BatchSpanProcessor]
+        assert isinstance(processors[0].span_exporter, OTLPSpanExporter)
+        assert tracing.provider.resource.attributes["service.name"] == "r1"
+        assert otel_trace.get_tracer_provider() is not tracing.provider
+    finally:
+        tracing.shutdown()
+
+
+def test_a_chat_request_span_is_named_for_its_route():
+    exporter = InMemorySpanExporter()
+    tracing = tr.Tracing.from_config(_config().tracing, exporter=exporter)
+    request = tracing.request("chat", {}, model="m")
+    request.describe(tenant=DEFAULT_TENANT)
+    request.answered(200)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "POST /v1/chat/completions"
+    assert span.attributes[tr.GENAI_OPERATION] == "chat"
+    assert span.attributes[tr.HTTP_ROUTE] == "/v1/chat/completions"
+    assert span.attributes[tr.HTTP_STATUS] == 200
