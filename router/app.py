@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.context import Context
 from ray import serve
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,6 +37,7 @@ from splitserve.router.tenancy import Tenancy, Tenant
 from splitserve.router.tenancy.admin import AdminAuth
 from splitserve.router.tenancy.report import usage_report
 from splitserve.router.tenancy.service import pool_max_in_flight
+from splitserve.router.tracing import NoopRequestTrace, RequestTrace, Tracing
 from splitserve.router.usage_board import UsagePublisher, deployment_actor_config
 
 app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)
@@ -73,6 +75,12 @@ def _replica_header(renderer: Renderer) -> dict[str, str]:
     return {REPLICA_HEADER: renderer.replica} if renderer.replica else {}
 
 
+async def _aclose(chunks: AsyncIterator[GenerateChunk]) -> None:
+    """Close `chunks`. Starlette awaits only coroutine functions: an async generator's bound
+    `aclose` is not one, so it would be called in a thread and the close never awaited."""
+    await chunks.aclose()  # type: ignore[attr-defined]
+
+
 class _Timer:
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -102,10 +110,12 @@ class Router:
             self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id
         )
         self.signals = SignalRecorder(pools)
+        self.tracing = Tracing.from_config(cfg.tracing)
         self.dispatcher = Dispatcher(
             pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals,
             replicas={role: p.replicas for role, p in cfg.deployed_pools().items()},
             decode_migrations=cfg.router.decode_migrations,
+            tracing=self.tracing,
         )
         self.controller_link = self._link_controller(cfg)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
@@ -224,19 +234,30 @@ class Router:
         self._start_background()
         self.metrics.in_flight.inc()
         status = 500
+        error: BaseException | None = None
+        # The request's root span (tracing on): ended when the handler has answered and, for a
+        # stream, the chunk stream is closed (router/tracing.py).
+        trace = self.tracing.request(endpoint, request.headers, model=self.cfg.model.name)
         try:
-            response = await self._handle(endpoint, request)
+            response = await self._handle(endpoint, request, trace)
             status = response.status_code
             return response
         except APIError as err:
-            status = err.status
+            status, error = err.status, err
             return err.response()
+        except BaseException as err:
+            error = err
+            raise
         finally:
             self.metrics.in_flight.dec()
             self.metrics.observe_request(endpoint, status)
+            trace.answered(status, error)
 
-    async def _handle(self, endpoint: str, request: Request) -> Response:
+    async def _handle(
+        self, endpoint: str, request: Request, trace: RequestTrace | NoopRequestTrace
+    ) -> Response:
         tenant = self.tenancy.authenticate(request.headers.get("authorization"))
+        trace.describe(tenant=tenant)
         body = await read_body(request, self.cfg.router.max_body_bytes)
         prepared = prepare(endpoint, body, self.prompts, model_name=self.cfg.model.name)
         req = prepared.request
@@ -251,20 +272,21 @@ class Router:
             include_usage=req.include_usage,
             return_token_ids=req.return_token_ids,
         )
-        chunks = within_deadline(
-            self._generate(tenant, gen_req), self.cfg.router.request_timeout_s
-        )
+        trace.describe(request=gen_req, stream=req.stream)
+        chunks = trace.stream(within_deadline(
+            self._generate(tenant, gen_req, trace.context), self.cfg.router.request_timeout_s
+        ))
         if req.stream:
             return await self._stream(chunks, renderer)
         return await self._whole(chunks, renderer)
 
     async def _generate(
-        self, tenant: Tenant, gen_req: GenerateRequest
+        self, tenant: Tenant, gen_req: GenerateRequest, trace_context: Context | None = None
     ) -> AsyncIterator[GenerateChunk]:
         """The request's chunks inside its tenant's quota reservation (settled on close)."""
         prompt, limit = len(gen_req.prompt_token_ids), gen_req.sampling.max_tokens
         async with self.tenancy.request(tenant, prompt_tokens=prompt, max_tokens=limit) as usage:
-            async for chunk in self.dispatcher.stream(gen_req, tenant):
+            async for chunk in self.dispatcher.stream(gen_req, tenant, trace_context):
                 usage.add_output(len(chunk.token_ids))
                 yield chunk
 
@@ -318,7 +340,7 @@ class Router:
             events(),
             media_type="text/event-stream",
             headers={REPLICA_HEADER: first.replica},
-            background=BackgroundTask(chunks.aclose),
+            background=BackgroundTask(_aclose, chunks),
         )
 
     def _observe(self, timer: _Timer, renderer: Renderer) -> None:

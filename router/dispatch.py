@@ -8,6 +8,9 @@ a bounded number of tries and a deadline (`router/retry.py`), then falls back to
 on the decode worker: the client never sees the prefill pool's trouble, only a slower first
 token. The decode request carries a fetch deadline: a handoff that waited longer than the prefill
 engine keeps its blocks is recomputed on decode instead of pulled.
+
+With tracing on, each stream is a `splitserve.dispatch` span with the policy decision, the prefill
+hop (one child span per try), the gate waits and the decode hop under it (`router/tracing.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from splitserve.config import DisaggregationConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
@@ -34,8 +40,28 @@ from splitserve.router.retry import (
 )
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
+from splitserve.router.tracing import (
+    ATTEMPT,
+    DECODE,
+    DISPATCH,
+    FALLBACK,
+    FALLBACK_REASON,
+    FIRST_TOKEN,
+    NOOP_TRACING,
+    PREFILL,
+    PREFILL_ATTEMPT,
+    PREFILL_ATTEMPTS,
+    PREFILL_PATH,
+    PROMPT_TOKENS,
+    REPLICA,
+    REQUEST_ID,
+    Tracing,
+    decode_attributes,
+    record_failure,
+)
 
 log = logging.getLogger("splitserve.router")
+MIGRATION = "splitserve.decode.migration"  # span attribute: which continuation a decode hop is
 
 
 class Dispatcher:
@@ -50,8 +76,10 @@ class Dispatcher:
         signals: SignalRecorder | None = None,
         replicas: dict[str, int] | None = None,
         decode_migrations: int = 1,
+        tracing: Tracing = NOOP_TRACING,
     ) -> None:
         self.pools = pools
+        self.tracing = tracing
         self.disagg = disagg
         self.metrics = metrics
         self.tenancy = tenancy
@@ -86,124 +114,195 @@ class Dispatcher:
             cfg=self.disagg,
         )
 
-    async def stream(self, req: GenerateRequest, tenant: Tenant) -> AsyncIterator[GenerateChunk]:
+    async def stream(
+        self, req: GenerateRequest, tenant: Tenant, trace_context: Context | None = None
+    ) -> AsyncIterator[GenerateChunk]:
         """The request's chunks, in order. Closing the iterator cancels the worker request.
 
         Each pool hop first takes a slot of that pool's fair admission gate (per-tenant queues,
-        weighted fair order); a full decode queue is the client's 429/503.
+        weighted fair order); a full decode queue is the client's 429/503. `trace_context`: the
+        request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
         path = self._path(req)
         n_prompt = len(req.prompt_token_ids)
         self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
         if path is not PrefillPath.COLOCATED:
             self.metrics.disagg_reasons.labels(reason=path.value).inc()
-        prefilled = False
-        if path.remote:
-            self._remote["requests"] += 1
-            self._remote["tokens"] += n_prompt
-            try:
-                handoff = await self._admitted_prefill(req, tenant)
-            finally:
-                self._remote["requests"] -= 1
-                self._remote["tokens"] -= n_prompt
-            if handoff is not None:
-                prefilled = True
-                fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
-                req = dataclasses.replace(
-                    req, kv_transfer_params=handoff.decode_request_params(fetch_by)
-                )
-        local_tokens = 0 if prefilled else n_prompt  # decode prefills these itself
-        self._local_tokens += local_tokens
-        start = time.perf_counter()
-        self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
+        span = self.tracing.start(DISPATCH, trace_context)
+        if span.is_recording():
+            span.set_attributes({PREFILL_PATH: path.value, PROMPT_TOKENS: n_prompt})
+        parent = self.tracing.context_of(span)
         try:
-            async with self.tenancy.admit("decode", tenant, n_prompt) as ticket:
-                first, streamed = None, []
-                attempt, migrations, replica = req, 0, ""
-                while attempt is not None:
-                    gen = self.pools["decode"].options(stream=True).generate.remote(attempt)
-                    try:
-                        async for chunk in gen:
-                            replica = chunk.replica or replica
-                            ticket.add_output(len(chunk.token_ids))
-                            if chunk.kv_bytes:
-                                self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
-                            if chunk.token_ids and first is None:
-                                first = time.perf_counter()
-                                self.signals.first_token("decode", first - start)
-                                self._local_tokens -= local_tokens
-                                local_tokens = 0
-                            streamed.extend(chunk.token_ids)
-                            yield chunk if attempt is req else _as_original(chunk, n_prompt)
-                        attempt = None
-                    except APIError:
-                        raise
-                    except Exception as err:  # worker crashed, engine error, replica gone
-                        kind = classify(err)
-                        if not migrate_decode(kind=kind, migrations=migrations,
-                                              max_migrations=self.decode_migrations):
-                            raise _worker_error(req.request_id, err) from err
-                        migrations += 1
-                        failed = failed_replica(err) or replica
-                        avoid = attempt.avoid_replicas + ((failed,) if failed else ())
-                        self.metrics.decode_migrations.labels(reason=kind).inc()
-                        log.warning("decode of %s failed after %d tokens (%s: %s); continuing "
-                                    "on another replica", req.request_id, len(streamed), kind, err)
-                        attempt = continuation(req, streamed, migration=migrations, avoid=avoid)
-                        if attempt is None:  # every token was out: only the ending was lost
-                            yield GenerateChunk((), "", finish_reason="length",
-                                                num_prompt_tokens=n_prompt, replica=replica)
-                    finally:
-                        gen.cancel()
-                if first is not None:
-                    self.signals.finished("decode", time.perf_counter() - first, len(streamed))
+            prefilled = False
+            if path.remote:
+                self._remote["requests"] += 1
+                self._remote["tokens"] += n_prompt
+                try:
+                    handoff = await self._admitted_prefill(req, tenant, parent)
+                finally:
+                    self._remote["requests"] -= 1
+                    self._remote["tokens"] -= n_prompt
+                span.set_attribute(FALLBACK, handoff is None)
+                if handoff is not None:
+                    prefilled = True
+                    fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
+                    req = dataclasses.replace(
+                        req, kv_transfer_params=handoff.decode_request_params(fetch_by)
+                    )
+            local_tokens = 0 if prefilled else n_prompt  # decode prefills these itself
+            self._local_tokens += local_tokens
+            start = time.perf_counter()
+            self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
+            try:
+                async with self.tracing.admit(
+                    self.tenancy, "decode", tenant, n_prompt, parent
+                ) as ticket:
+                    first, streamed = None, []
+                    attempt, migrations, replica = req, 0, ""
+                    while attempt is not None:
+                        hop = self.tracing.start(DECODE, parent)
+                        if migrations and hop.is_recording():
+                            hop.set_attribute(MIGRATION, migrations)
+                        pulls_kv = attempt.kv_transfer_params is not None
+                        gen = self.pools["decode"].options(stream=True).generate.remote(attempt)
+                        n_out, kv_bytes, last, hop_first = 0, 0, None, None
+                        try:
+                            async for chunk in gen:
+                                replica = chunk.replica or replica
+                                ticket.add_output(len(chunk.token_ids))
+                                if chunk.kv_bytes:
+                                    kv_bytes += chunk.kv_bytes
+                                    self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                                if chunk.token_ids and hop_first is None:
+                                    hop_first = time.perf_counter()
+                                    hop.add_event(FIRST_TOKEN)
+                                if chunk.token_ids and first is None:
+                                    first = hop_first
+                                    self.signals.first_token("decode", first - start)
+                                    self._local_tokens -= local_tokens
+                                    local_tokens = 0
+                                n_out += len(chunk.token_ids)
+                                streamed.extend(chunk.token_ids)
+                                last = chunk
+                                yield chunk if attempt is req else _as_original(chunk, n_prompt)
+                            attempt = None
+                        except APIError as err:
+                            record_failure(hop, err)
+                            raise
+                        except Exception as err:  # worker crashed, engine error, replica gone
+                            record_failure(hop, err)
+                            kind = classify(err)
+                            if not migrate_decode(kind=kind, migrations=migrations,
+                                                  max_migrations=self.decode_migrations):
+                                raise _worker_error(req.request_id, err) from err
+                            migrations += 1
+                            failed = failed_replica(err) or replica
+                            avoid = attempt.avoid_replicas + ((failed,) if failed else ())
+                            self.metrics.decode_migrations.labels(reason=kind).inc()
+                            log.warning("decode of %s failed after %d tokens (%s: %s); continuing"
+                                        " on another replica", req.request_id, len(streamed),
+                                        kind, err)
+                            attempt = continuation(req, streamed, migration=migrations,
+                                                   avoid=avoid)
+                            if attempt is None:  # every token was out: only the ending was lost
+                                yield GenerateChunk((), "", finish_reason="length",
+                                                    num_prompt_tokens=n_prompt, replica=replica)
+                        except BaseException as err:  # cancelled, or the stream closed early
+                            record_failure(hop, err)
+                            raise
+                        finally:
+                            gen.cancel()
+                            if hop.is_recording():
+                                hop.set_attributes(decode_attributes(
+                                    last, kv_bytes=kv_bytes, output_tokens=n_out,
+                                    remote=pulls_kv,
+                                    ttft_s=None if hop_first is None else hop_first - start,
+                                ))
+                            hop.end()
+                    if first is not None:
+                        self.signals.finished("decode", time.perf_counter() - first,
+                                              len(streamed))
+            finally:
+                self._local_tokens -= local_tokens
+        except BaseException as err:
+            record_failure(span, err)
+            raise
         finally:
-            self._local_tokens -= local_tokens
+            span.end()
 
-    async def _admitted_prefill(self, req: GenerateRequest, tenant: Tenant) -> KVHandoff | None:
+    async def _admitted_prefill(
+        self, req: GenerateRequest, tenant: Tenant, parent: Context | None = None
+    ) -> KVHandoff | None:
         """The prefill hop behind the prefill gate; a full prefill queue means "prefill locally"."""
         start = time.perf_counter()
         self.signals.arrival("prefill", len(req.prompt_token_ids), 0)
+        hop = self.tracing.start(PREFILL, parent)
         try:
-            async with self.tenancy.admit("prefill", tenant, len(req.prompt_token_ids)):
-                handoff = await self._prefill(req)
+            async with self.tracing.admit(
+                self.tenancy, "prefill", tenant, len(req.prompt_token_ids),
+                self.tracing.context_of(hop),
+            ):
+                handoff = await self._prefill(req, hop)
             if handoff is not None:
                 self.signals.first_token("prefill", time.perf_counter() - start)
             return handoff
-        except TenancyError:
+        except TenancyError as err:
             self.metrics.prefill_fallbacks.inc()
+            if hop.is_recording():
+                hop.set_attributes({FALLBACK: True, FALLBACK_REASON: err.reason})
             return None
+        except BaseException as err:
+            record_failure(hop, err)
+            raise
+        finally:
+            hop.end()
 
-    async def _prefill(self, req: GenerateRequest) -> KVHandoff | None:
+    async def _prefill(self, req: GenerateRequest, hop: Span = INVALID_SPAN) -> KVHandoff | None:
         """The prefill step, retried on other replicas within the attempt and time budget.
 
         None means "prefill locally instead"; every failure, retry and fallback is counted.
+        `hop`: the prefill span (tracing on), parent of one span per try.
         """
         deadline = time.monotonic() + self.disagg.prefill_timeout_s
         avoid: tuple[str, ...] = ()
+        parent = self.tracing.context_of(hop)
         for attempt in range(1, self.disagg.prefill_attempts + 1):
+            hop.set_attribute(PREFILL_ATTEMPTS, attempt)
+            span = self.tracing.start(PREFILL_ATTEMPT, parent)
+            span.set_attribute(ATTEMPT, attempt)
             try:
                 return await asyncio.wait_for(
-                    self._prefill_once(req, attempt, avoid), deadline - time.monotonic()
+                    self._prefill_once(req, attempt, avoid, span), deadline - time.monotonic()
                 )
             except Exception as err:  # noqa: BLE001 - any prefill failure is retried or local
                 kind = classify(err)
+                record_failure(span, err, kind=kind)
                 self.metrics.prefill_failures.labels(reason=kind).inc()
                 log.warning("prefill of %s failed (try %d, %s): %s",
                             req.request_id, attempt, kind, err)
                 replica = failed_replica(err)
-                if replica and replica not in avoid:
-                    avoid += (replica,)
+                if replica:
+                    span.set_attribute(REPLICA, replica)
+                    if replica not in avoid:
+                        avoid += (replica,)
                 left = deadline - time.monotonic()
                 if not retry_prefill(kind=kind, attempt=attempt,
                                      attempts=self.disagg.prefill_attempts, time_left_s=left):
                     break
                 self.metrics.prefill_retries.inc()
+            except BaseException as err:  # cancelled: the client is gone
+                record_failure(span, err)
+                raise
+            finally:
+                span.end()
         self.metrics.prefill_fallbacks.inc()
+        if hop.is_recording():
+            hop.set_attributes({FALLBACK: True, FALLBACK_REASON: "prefill_failed"})
         return None
 
     async def _prefill_once(
-        self, req: GenerateRequest, attempt: int, avoid: tuple[str, ...]
+        self, req: GenerateRequest, attempt: int, avoid: tuple[str, ...],
+        span: Span = INVALID_SPAN,
     ) -> KVHandoff:
         """One prefill try (`max_tokens=1`, keep the blocks); raises when it gives no handoff."""
         suffix = "" if attempt == 1 else f"-{attempt}"
@@ -214,11 +313,14 @@ class Dispatcher:
             kv_transfer_params=prefill_request_params(),
             avoid_replicas=avoid,
         )
+        span.set_attribute(REQUEST_ID, prefill_req.request_id)
         params = None
         gen = self.pools["prefill"].options(stream=True).generate.remote(prefill_req)
         try:
             async for chunk in gen:
                 params = chunk.kv_transfer_params or params
+                if chunk.replica:
+                    span.set_attribute(REPLICA, chunk.replica)
         except BaseException:
             gen.cancel()  # timed out or cancelled: the prefill engine aborts and frees its blocks
             raise

@@ -344,6 +344,29 @@ class AcceleratorConfig(_Strict):
     nodes: int | None = Field(None, ge=1, description="None: as many as the plan needs.")
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry tracing of requests in the router (`splitserve.router.tracing`); off by
+    default, and then it costs nothing."""
+
+    enabled: bool = Field(
+        False, description="Trace requests: one trace per request, from the router's root span "
+        "through admission, the prefill tries and the decode hop.",
+    )
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1,
+        description="Fraction of new traces recorded (TraceIdRatioBased). A request with a W3C "
+        "`traceparent` header follows its caller's sampling decision instead.",
+    )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces endpoint, e.g. http://otel-collector:4318/v1/traces. None: "
+        "spans are recorded but not exported.",
+    )
+    service_name: str = Field(
+        "splitserve-router", min_length=1, description="The `service.name` resource attribute."
+    )
+
+
 class SplitserveConfig(_Strict):
     """A whole deployment: model, mode, pools, router, tenants, SLOs."""
 
@@ -362,6 +385,9 @@ class SplitserveConfig(_Strict):
     accelerator: AcceleratorConfig | None = None
     faults: FaultsConfig = Field(
         FaultsConfig(), description="Tests and development only: fault injection (all off)."
+    )
+    tracing: TracingConfig = Field(
+        TracingConfig(), description="OpenTelemetry tracing of requests (off by default)."
     )
 
     @model_validator(mode="after")

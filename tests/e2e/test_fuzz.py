@@ -22,8 +22,7 @@ import pytest
 from tests.conftest import running_deployment, test_config
 from tests.fuzz_requests import MODEL, cases
 
-# Runs with `make chaos`, not `make test`, until it passes: its first full run failed (issue 8).
-pytestmark = [pytest.mark.engine, pytest.mark.chaos]
+pytestmark = pytest.mark.engine
 
 MAX_BODY = 32 * 1024
 N_CASES = 400

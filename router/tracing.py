@@ -1,0 +1,367 @@
+"""OpenTelemetry tracing of one request through the router (config section `tracing`).
+
+One trace per request; span names and attributes (GenAI semantic conventions where they exist):
+
+    POST /v1/completions | POST /v1/chat/completions   SERVER; http.response.status_code,
+    │                                                  splitserve.tenant, gen_ai.* (model, ids,
+    │                                                  input/output tokens, max_tokens)
+    └─ splitserve.dispatch                             splitserve.prefill_path (remote, short,
+       │                                               queue_full, spill, colocated)
+       ├─ splitserve.prefill                           remote path only; attempts, fallback
+       │  ├─ splitserve.admission                      pool=prefill, queue wait
+       │  └─ splitserve.prefill.attempt                one per try: attempt, replica, error.type
+       ├─ splitserve.admission                         pool=decode, queue wait
+       └─ splitserve.decode                            replica, first_token event,
+                                                       splitserve.kv_transfer.bytes, cached and
+                                                       output tokens
+
+The root span ends when the response is over: for a streamed response when its chunk stream is
+closed (last event sent, client gone, or the response dropped), not when the handler returns.
+An incoming W3C `traceparent` header makes the root span a child of the caller's span.
+
+Off (`tracing.enabled: false`, the default): `NOOP_TRACING` has no tracer provider and creates no
+span objects (`Tracing.start` returns OTel's shared `INVALID_SPAN`, `Tracing.request` a shared
+no-op request trace whose `stream` returns the chunks unchanged), so the request path only pays
+a few attribute checks. The provider is held by the `Tracing` object, never installed globally:
+tests build their own with an in-memory exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from splitserve.config import TracingConfig
+
+if TYPE_CHECKING:
+    from splitserve.engine.messages import GenerateChunk, GenerateRequest
+    from splitserve.router.tenancy import Tenancy, Tenant, Ticket
+
+# Span names.
+ADMISSION = "splitserve.admission"
+DISPATCH = "splitserve.dispatch"
+PREFILL = "splitserve.prefill"
+PREFILL_ATTEMPT = "splitserve.prefill.attempt"
+DECODE = "splitserve.decode"
+FIRST_TOKEN = "first_token"  # event on the decode span
+
+# Attribute names: OTel semantic conventions (HTTP, GenAI, error) ...
+HTTP_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_STATUS = "http.response.status_code"
+ERROR_TYPE = "error.type"
+GENAI_OPERATION = "gen_ai.operation.name"
+GENAI_MODEL = "gen_ai.request.model"
+GENAI_MAX_TOKENS = "gen_ai.request.max_tokens"
+GENAI_RESPONSE_ID = "gen_ai.response.id"
+GENAI_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GENAI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GENAI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# ... and splitserve's own.
+TENANT = "splitserve.tenant"
+STREAM = "splitserve.stream"
+CANCELLED = "splitserve.cancelled"
+POOL = "splitserve.pool"
+QUEUE_WAIT = "splitserve.queue_wait_s"
+QUEUE_DEPTH = "splitserve.queue_depth"
+PROMPT_TOKENS = "splitserve.prompt_tokens"
+PREFILL_PATH = "splitserve.prefill_path"
+PREFILL_REMOTE = "splitserve.prefill.remote"  # decode got the KV from a remote prefill
+PREFILL_ATTEMPTS = "splitserve.prefill.attempts"
+ATTEMPT = "splitserve.prefill.attempt"
+FALLBACK = "splitserve.prefill.fallback"
+FALLBACK_REASON = "splitserve.prefill.fallback_reason"
+REQUEST_ID = "splitserve.request_id"
+REPLICA = "splitserve.replica"
+KV_BYTES = "splitserve.kv_transfer.bytes"
+CACHED_TOKENS = "splitserve.cached_tokens"
+TTFT = "splitserve.time_to_first_token_s"
+
+# The router's endpoint names (`Router._serve`) -> (HTTP route, GenAI operation name).
+_ROUTES = {
+    "completions": ("/v1/completions", "text_completion"),
+    "chat": ("/v1/chat/completions", "chat"),
+}
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def error_type(err: BaseException) -> str:
+    """The `error.type` of a failure: a tenancy refusal's reason, an API error's code or HTTP
+    status, else the exception's class name."""
+    reason = getattr(err, "reason", None) or getattr(err, "code", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    status = getattr(err, "status", None)
+    if isinstance(status, int):
+        return str(status)
+    return type(err).__qualname__
+
+
+def record_failure(span: Span, err: BaseException, *, kind: str | None = None) -> None:
+    """Mark `span` failed by `err` (error status, `error.type`, the exception as an event); a
+    cancellation (client gone, stream closed early) is marked `splitserve.cancelled` instead."""
+    if not span.is_recording():
+        return
+    if isinstance(err, (GeneratorExit, asyncio.CancelledError)):
+        span.set_attribute(CANCELLED, True)
+        return
+    span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"))
+    span.set_attribute(ERROR_TYPE, kind or error_type(err))
+    span.record_exception(err)
+
+
+class Tracing:
+    """The router's tracer, from its own `TracerProvider` (never the global one), or off.
+
+    Build with `from_config`; `NOOP_TRACING` is the shared disabled instance. Span helpers take
+    an explicit parent `Context` (never the ambient one): a streamed request's spans end in
+    another task than the one that started them, where attaching and detaching contexts fails.
+    """
+
+    def __init__(
+        self, tracer: trace.Tracer | None = None, provider: TracerProvider | None = None
+    ) -> None:
+        self.tracer = tracer
+        self.provider = provider
+        self.enabled = tracer is not None
+
+    @classmethod
+    def from_config(
+        cls, cfg: TracingConfig, *, exporter: SpanExporter | None = None
+    ) -> Tracing:
+        """A provider sampling `ParentBased(TraceIdRatioBased(sample_ratio))`, exporting over
+        OTLP/HTTP in batches when `otlp_endpoint` is set, and synchronously to `exporter` (tests:
+        an `InMemorySpanExporter`). Disabled config: `NOOP_TRACING`, `exporter` unused."""
+        if not cfg.enabled:
+            return NOOP_TRACING
+        provider = TracerProvider(
+            sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)),
+            resource=Resource.create({"service.name": cfg.service_name}),
+        )
+        if cfg.otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=cfg.otlp_endpoint))
+            )
+        if exporter is not None:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        return cls(provider.get_tracer("splitserve.router"), provider)
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporters (no-op when off)."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    def start(self, name: str, parent: Context | None) -> Span:
+        """A new span under `parent` (None: the ambient context), or `INVALID_SPAN` when off.
+        The caller ends it; set attributes only `if span.is_recording()` to keep off free."""
+        if self.tracer is None:
+            return INVALID_SPAN
+        return self.tracer.start_span(name, context=parent)
+
+    def context_of(self, span: Span) -> Context | None:
+        """The context that makes `span` the parent of new spans (None when off)."""
+        if self.tracer is None:
+            return None
+        return trace.set_span_in_context(span)
+
+    def request(
+        self, endpoint: str, headers: Mapping[str, str], *, model: str
+    ) -> RequestTrace | NoopRequestTrace:
+        """The root span of a request to `endpoint` ("completions" or "chat"), child of the
+        caller's span when `headers` carry a W3C `traceparent`. End it with
+        `RequestTrace.answered` (and, for a stream, by closing `RequestTrace.stream`)."""
+        if self.tracer is None:
+            return NOOP_REQUEST
+        route, operation = _ROUTES.get(endpoint, (f"/v1/{endpoint}", endpoint))
+        span = self.tracer.start_span(
+            f"POST {route}",
+            context=_PROPAGATOR.extract(headers),
+            kind=SpanKind.SERVER,
+        )
+        if not span.is_recording():  # sampled out: children follow the decision, nothing else
+            return NoopRequestTrace(trace.set_span_in_context(span))
+        span.set_attributes({
+            HTTP_METHOD: "POST", HTTP_ROUTE: route, GENAI_OPERATION: operation, GENAI_MODEL: model,
+        })
+        return RequestTrace(span)
+
+    def admit(
+        self, tenancy: Tenancy, pool: str, tenant: Tenant, prompt_tokens: int,
+        parent: Context | None,
+    ) -> contextlib.AbstractAsyncContextManager[Ticket]:
+        """`tenancy.admit(pool, tenant, prompt_tokens)`, its gate wait as a `splitserve.admission`
+        span under `parent` (off: the tenancy's own context manager, nothing added)."""
+        if self.tracer is None:
+            return tenancy.admit(pool, tenant, prompt_tokens)
+        return self._admit(tenancy, pool, tenant, prompt_tokens, parent)
+
+    @contextlib.asynccontextmanager
+    async def _admit(
+        self, tenancy: Tenancy, pool: str, tenant: Tenant, prompt_tokens: int,
+        parent: Context | None,
+    ) -> AsyncIterator[Ticket]:
+        span = self.start(ADMISSION, parent)
+        if span.is_recording():
+            gate = tenancy.gates.get(pool)
+            span.set_attributes({
+                POOL: pool, TENANT: tenant.name, PROMPT_TOKENS: prompt_tokens,
+                QUEUE_DEPTH: gate.queued if gate is not None else 0,
+            })
+        start = time.perf_counter()
+        waiting = True
+        try:
+            async with tenancy.admit(pool, tenant, prompt_tokens) as ticket:
+                span.set_attribute(QUEUE_WAIT, time.perf_counter() - start)
+                span.end()
+                waiting = False
+                yield ticket
+        except BaseException as err:
+            if waiting:
+                span.set_attribute(QUEUE_WAIT, time.perf_counter() - start)
+                record_failure(span, err)
+                span.end()
+            raise
+
+
+class NoopRequestTrace:
+    """The request trace when tracing is off or the trace is sampled out: every method does
+    nothing; `context` carries the sampled-out span (so children are dropped too) or None."""
+
+    def __init__(self, context: Context | None = None) -> None:
+        self.context = context
+
+    def describe(self, **_: Any) -> None:
+        """No-op (see `RequestTrace.describe`)."""
+
+    def stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
+        """`chunks` unchanged."""
+        return chunks
+
+    def answered(self, status: int, error: BaseException | None = None) -> None:
+        """No-op (see `RequestTrace.answered`)."""
+
+
+NOOP_REQUEST = NoopRequestTrace()
+
+
+class RequestTrace:
+    """A recording request's root span. It ends once the handler has answered (`answered`)
+    and the chunk stream it wrapped (`stream`), if it was started, is closed: whichever is
+    last. Single event loop, like the rest of the request path."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.context: Context | None = trace.set_span_in_context(span)
+        self._holds = 1  # the handler's; a started stream adds one
+        self._status: int | None = None
+        self._error: BaseException | None = None
+        self._stream_error: BaseException | None = None
+        self._cancelled = False
+        self._output_tokens: int | None = None
+
+    def describe(
+        self, *, tenant: Tenant | None = None, request: GenerateRequest | None = None,
+        stream: bool | None = None,
+    ) -> None:
+        """Record what the router learnt: the tenant, then the prepared worker request."""
+        attrs: dict[str, Any] = {}
+        if tenant is not None:
+            attrs[TENANT] = tenant.name
+        if request is not None:
+            attrs[GENAI_RESPONSE_ID] = request.request_id
+            attrs[GENAI_INPUT_TOKENS] = len(request.prompt_token_ids)
+            attrs[GENAI_MAX_TOKENS] = request.sampling.max_tokens
+        if stream is not None:
+            attrs[STREAM] = stream
+        self.span.set_attributes(attrs)
+
+    def stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
+        """`chunks`, counting output tokens; the root span stays open until this is closed."""
+        return self._stream(chunks)
+
+    async def _stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
+        self._holds += 1
+        n_out = 0
+        try:
+            async for chunk in chunks:
+                n_out += len(chunk.token_ids)
+                yield chunk
+        except (GeneratorExit, asyncio.CancelledError):
+            self._cancelled = True
+            raise
+        except BaseException as err:
+            self._stream_error = err
+            raise
+        finally:
+            try:
+                await chunks.aclose()  # type: ignore[attr-defined]
+            finally:
+                self._output_tokens = n_out
+                self._release()
+
+    def answered(self, status: int, error: BaseException | None = None) -> None:
+        """The handler is done: `status` sent (or `error` raised). Call exactly once."""
+        if isinstance(error, asyncio.CancelledError):  # the handler was cancelled: no response
+            self._cancelled = True
+        else:
+            self._status = status
+            self._error = error
+        self._release()
+
+    def _release(self) -> None:
+        self._holds -= 1
+        if self._holds == 0:
+            self._end()
+
+    def _end(self) -> None:
+        span = self.span
+        if self._output_tokens is not None:
+            span.set_attribute(GENAI_OUTPUT_TOKENS, self._output_tokens)
+        if self._status is not None:
+            span.set_attribute(HTTP_STATUS, self._status)
+        if self._cancelled:
+            span.set_attribute(CANCELLED, True)
+        err = self._error or self._stream_error
+        if err is not None:
+            if self._status is not None and 400 <= self._status < 500:
+                span.set_attribute(ERROR_TYPE, error_type(err))  # a client error: status unset
+            else:  # 5xx, or a failure after the 200 went out (an error event mid-stream)
+                record_failure(span, err)
+        span.end()
+
+
+NOOP_TRACING = Tracing()
+
+
+def decode_attributes(
+    last: GenerateChunk | None, *, kv_bytes: int, output_tokens: int, ttft_s: float | None,
+    remote: bool,
+) -> dict[str, Any]:
+    """The decode span's closing attributes: what the decode worker reported (its replica, the
+    prompt tokens it had cached or received, the KV bytes its connector pulled over NIXL)."""
+    attrs: dict[str, Any] = {
+        PREFILL_REMOTE: remote, KV_BYTES: kv_bytes, GENAI_OUTPUT_TOKENS: output_tokens,
+    }
+    if last is not None:
+        attrs[CACHED_TOKENS] = last.num_cached_tokens
+        if last.replica:
+            attrs[REPLICA] = last.replica
+        if last.finish_reason:
+            attrs[GENAI_FINISH_REASONS] = (last.finish_reason,)
+    if ttft_s is not None:
+        attrs[TTFT] = ttft_s
+    return attrs

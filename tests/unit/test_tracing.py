@@ -1,0 +1,461 @@
+"""OpenTelemetry tracing of one request (router/tracing.py): the span tree, W3C trace context,
+sampling, the off path, prefill failures, and a streamed root span that ends with its stream.
+
+No Ray cluster: the pool handles are scripted fakes; the gates, tenancy, dispatcher and the
+Router's own request methods (on an instance built without its Serve constructor) are real.
+Spans go to an `InMemorySpanExporter` on a provider of the test's own (no global provider).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
+from starlette.requests import Request
+
+from splitserve.config import parse_config
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling, WorkerError
+from splitserve.router import tracing as tr
+from splitserve.router.dispatch import Dispatcher
+from splitserve.router.errors import APIError
+from splitserve.router.metrics import RouterMetrics
+from splitserve.router.prompts import PromptBuilder
+from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
+
+HANDOFF = {
+    "remote_engine_id": "prefill-x",
+    "remote_block_ids": [[1, 2]],
+    "remote_host": "127.0.0.1",
+    "remote_port": 5000,
+}
+KV_BYTES = 123_456
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+class _Iter:
+    """Like a Serve streaming response: iterable once, and cancellable."""
+
+    def __init__(self, agen) -> None:
+        self.agen = agen
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self.agen
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Pool:
+    """A fake pool handle: each call plays the next scripted outcome, a list of chunks or an
+    exception (the last outcome repeats)."""
+
+    def __init__(self, *outcomes) -> None:
+        self.outcomes = list(outcomes)
+        self.requests: list[GenerateRequest] = []
+
+    def options(self, **_):
+        return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
+
+    def _remote(self, req):
+        self.requests.append(req)
+        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+        return _Iter(self._run(outcome))
+
+    async def _run(self, outcome):
+        await asyncio.sleep(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        for chunk in outcome:
+            yield chunk
+            await asyncio.sleep(0)
+
+
+PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefill-0")]
+DECODE_OK = [
+    GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0"),
+    GenerateChunk((2,), "b", "length", num_cached_tokens=288, replica="decode-0",
+                  kv_bytes=KV_BYTES),
+]
+
+
+def _config(tracing: dict | None = None, **disagg):
+    return parse_config({
+        "mode": "disaggregated",
+        "disaggregation": {"spill_to_decode": False, **disagg},
+        "tracing": {"enabled": True} if tracing is None else tracing,
+    })
+
+
+def _dispatcher(cfg, prefill: _Pool, decode: _Pool, tracing: tr.Tracing) -> Dispatcher:
+    return Dispatcher(
+        {"prefill": prefill, "decode": decode}, cfg.disaggregation, RouterMetrics(),
+        Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1}, tracing=tracing,
+    )
+
+
+def _router(cfg, prefill: _Pool, decode: _Pool, exporter: InMemorySpanExporter | None):
+    """The Router's request path without Ray Serve: its class, built by hand."""
+    from splitserve.router.app import Router
+
+    class _Router(Router.func_or_class):
+        def __del__(self) -> None:  # Serve's wrapper has an async one, for a live replica
+            pass
+
+    router = object.__new__(_Router)
+    router.cfg = cfg
+    router.metrics = RouterMetrics()
+    router.tenancy = Tenancy.from_config(cfg, registry=router.metrics.registry)
+    router.tracing = tr.Tracing.from_config(cfg.tracing, exporter=exporter)
+    router.dispatcher = _dispatcher(cfg, prefill, decode, router.tracing)
+    router._background = []
+    prompts = object.__new__(PromptBuilder)
+    prompts.tokenizer, prompts.max_model_len = [None] * 1000, cfg.model.max_model_len
+    router.prompts = prompts
+    return router
+
+
+def _request(body: dict, headers: dict[str, str] | None = None) -> Request:
+    raw = json.dumps(body).encode()
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()  # no disconnect while the test runs
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+        "headers": [(k.encode(), v.encode()) for k, v in (headers or {}).items()],
+    }
+    return Request(scope, receive)
+
+
+def _body(n_prompt: int = 300, stream: bool = True) -> dict:
+    return {"model": "splitserve-tiny", "prompt": list(range(n_prompt)), "max_tokens": 2,
+            "stream": stream}
+
+
+async def _drain(response) -> list[bytes]:
+    return [event async for event in response.body_iterator]
+
+
+def _by_name(exporter: InMemorySpanExporter) -> dict[str, list]:
+    spans: dict[str, list] = {}
+    for span in exporter.get_finished_spans():
+        spans.setdefault(span.name, []).append(span)
+    return spans
+
+
+def _one(spans: dict[str, list], name: str):
+    assert len(spans.get(name, [])) == 1, (name, spans.keys())
+    return spans[name][0]
+
+
+def _parent_of(span) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
+    async def run():
+        exporter = InMemorySpanExporter()
+        router = _router(_config(), _Pool(PREFILL_OK), _Pool(DECODE_OK), exporter)
+        response = await router._serve("completions", _request(_body()))
+        assert response.status_code == 200
+        # The handler has returned the StreamingResponse: the root span is still open.
+        assert "POST /v1/completions" not in _by_name(exporter)
+        events = await _drain(response)
+        assert events[-1] == b"data: [DONE]\n\n"
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    root = _one(spans, "POST /v1/completions")
+    dispatch, prefill = _one(spans, tr.DISPATCH), _one(spans, tr.PREFILL)
+    attempt, decode = _one(spans, tr.PREFILL_ATTEMPT), _one(spans, tr.DECODE)
+    gates = {s.attributes[tr.POOL]: s for s in spans[tr.ADMISSION]}
+    assert sorted(gates) == ["decode", "prefill"]
+
+    assert root.kind is SpanKind.SERVER and root.parent is None
+    assert {s.context.trace_id for ss in spans.values() for s in ss} == {root.context.trace_id}
+    assert _parent_of(dispatch) == root.context.span_id
+    assert _parent_of(prefill) == dispatch.context.span_id
+    assert _parent_of(gates["prefill"]) == prefill.context.span_id
+    assert _parent_of(attempt) == prefill.context.span_id
+    assert _parent_of(gates["decode"]) == dispatch.context.span_id
+    assert _parent_of(decode) == dispatch.context.span_id
+    assert root.end_time >= max(s.end_time for ss in spans.values() for s in ss)
+
+    assert root.attributes[tr.HTTP_STATUS] == 200
+    assert root.attributes[tr.TENANT] == "default"
+    assert root.attributes[tr.GENAI_MODEL] == "splitserve-tiny"
+    assert root.attributes[tr.GENAI_INPUT_TOKENS] == 300
+    assert root.attributes[tr.GENAI_OUTPUT_TOKENS] == 2
+    assert root.attributes[tr.GENAI_MAX_TOKENS] == 2
+    assert root.attributes[tr.GENAI_RESPONSE_ID].startswith("cmpl-")
+    assert root.status.status_code is StatusCode.UNSET
+    assert dispatch.attributes[tr.PREFILL_PATH] == "remote"
+    assert dispatch.attributes[tr.FALLBACK] is False
+    assert attempt.attributes[tr.ATTEMPT] == 1
+    assert attempt.attributes[tr.REPLICA] == "prefill-0"
+    assert prefill.attributes[tr.PREFILL_ATTEMPTS] == 1
+    assert tr.QUEUE_WAIT in gates["decode"].attributes
+    assert decode.attributes[tr.KV_BYTES] == KV_BYTES  # what the decode worker reported
+    assert decode.attributes[tr.CACHED_TOKENS] == 288
+    assert decode.attributes[tr.GENAI_OUTPUT_TOKENS] == 2
+    assert decode.attributes[tr.REPLICA] == "decode-0"
+    assert decode.attributes[tr.PREFILL_REMOTE] is True
+    assert [e.name for e in decode.events] == [tr.FIRST_TOKEN]
+    assert all(s.status.status_code is not StatusCode.ERROR for ss in spans.values() for s in ss)
+
+
+def test_an_incoming_traceparent_is_the_root_spans_parent():
+    async def run():
+        exporter = InMemorySpanExporter()
+        router = _router(_config(), _Pool(PREFILL_OK), _Pool(DECODE_OK), exporter)
+        headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+        response = await router._serve("completions", _request(_body(stream=False), headers))
+        assert response.status_code == 200
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    root = _one(spans, "POST /v1/completions")
+    assert root.context.trace_id == int(TRACE_ID, 16)
+    assert root.parent.span_id == int(PARENT_ID, 16) and root.parent.is_remote
+    assert _one(spans, tr.DECODE).context.trace_id == int(TRACE_ID, 16)
+    assert root.attributes[tr.STREAM] is False
+
+
+@pytest.mark.parametrize(
+    ("tracing", "headers"),
+    [({"enabled": True, "sample_ratio": 0.0}, {}),
+     ({"enabled": True}, {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00"}),  # caller: not sampled
+     ({"enabled": False}, {})],
+)
+def test_unsampled_or_disabled_records_nothing_and_serves_the_same(tracing, headers):
+    async def run():
+        exporter = InMemorySpanExporter()
+        prefill, decode = _Pool(PREFILL_OK), _Pool(DECODE_OK)
+        router = _router(_config(tracing), prefill, decode, exporter)
+        response = await router._serve("completions", _request(_body(), headers))
+        events = await _drain(response)
+        assert len(prefill.requests) == len(decode.requests) == 1
+        return exporter.get_finished_spans(), events
+
+    spans, events = asyncio.run(run())
+    assert spans == ()
+    assert events[-1] == b"data: [DONE]\n\n"
+
+
+def test_the_off_path_makes_no_provider_and_no_span_objects():
+    exporter = InMemorySpanExporter()
+    off = tr.Tracing.from_config(_config({"enabled": False}).tracing, exporter=exporter)
+    assert off is tr.NOOP_TRACING and off.provider is None and not off.enabled
+    assert off.start(tr.DISPATCH, None) is INVALID_SPAN
+    assert off.context_of(INVALID_SPAN) is None
+    assert off.request("chat", {}, model="m") is tr.NOOP_REQUEST
+    chunks = _Pool(DECODE_OK)._run(DECODE_OK)
+    assert tr.NOOP_REQUEST.stream(chunks) is chunks
+    tenancy = Tenancy.from_config(_config())
+    assert type(off.admit(tenancy, "decode", DEFAULT_TENANT, 1, None)) is type(
+        tenancy.admit("decode", DEFAULT_TENANT, 1)
+    )
+
+
+def test_the_dispatcher_without_tracing_streams_unchanged():
+    async def run():
+        cfg = _config({"enabled": False})
+        d = Dispatcher(
+            {"prefill": _Pool(PREFILL_OK), "decode": _Pool(DECODE_OK)}, cfg.disaggregation,
+            RouterMetrics(), Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1},
+        )
+        assert d.tracing is tr.NOOP_TRACING
+        req = GenerateRequest("cmpl-1", tuple(range(300)), Sampling(max_tokens=2))
+        return [c async for c in d.stream(req, DEFAULT_TENANT)], d
+
+    chunks, d = asyncio.run(run())
+    assert chunks == DECODE_OK
+    assert d.pools["decode"].requests[0].kv_transfer_params is not None  # prefilled remotely
+
+
+def test_a_failed_prefill_then_local_fallback_shows_the_failed_try():
+    async def run():
+        exporter = InMemorySpanExporter()
+        cfg = _config(prefill_attempts=1)
+        prefill = _Pool(WorkerError("prefill-bad", "engine error"))
+        router = _router(cfg, prefill, _Pool(DECODE_OK), exporter)
+        response = await router._serve("completions", _request(_body()))
+        await _drain(response)
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    attempt, prefill = _one(spans, tr.PREFILL_ATTEMPT), _one(spans, tr.PREFILL)
+    assert attempt.status.status_code is StatusCode.ERROR
+    assert attempt.attributes[tr.ERROR_TYPE] == "replica"
+    assert attempt.attributes[tr.REPLICA] == "prefill-bad"
+    assert [e.name for e in attempt.events] == ["exception"]
+    assert prefill.attributes[tr.FALLBACK] is True
+    assert prefill.attributes[tr.FALLBACK_REASON] == "prefill_failed"
+    assert _one(spans, tr.DISPATCH).attributes[tr.FALLBACK] is True
+    assert _one(spans, tr.DECODE).attributes[tr.PREFILL_REMOTE] is False
+    root = _one(spans, "POST /v1/completions")
+    assert root.status.status_code is StatusCode.UNSET  # the client got its answer
+    assert root.attributes[tr.HTTP_STATUS] == 200
+
+
+def test_a_retried_prefill_has_one_span_per_try():
+    async def run():
+        exporter = InMemorySpanExporter()
+        cfg = _config(prefill_attempts=2)
+        prefill = _Pool(WorkerError("prefill-bad", "engine error"), PREFILL_OK)
+        router = _router(cfg, prefill, _Pool(DECODE_OK), exporter)
+        await _drain(await router._serve("completions", _request(_body())))
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    tries = sorted(spans[tr.PREFILL_ATTEMPT], key=lambda s: s.attributes[tr.ATTEMPT])
+    assert [s.status.status_code for s in tries] == [StatusCode.ERROR, StatusCode.UNSET]
+    assert tries[1].attributes[tr.REQUEST_ID].endswith("-prefill-2")
+    prefill = _one(spans, tr.PREFILL)
+    assert prefill.attributes[tr.PREFILL_ATTEMPTS] == 2 and tr.FALLBACK not in prefill.attributes
+    assert _one(spans, tr.DECODE).attributes[tr.PREFILL_REMOTE] is True
+
+
+def test_a_client_that_walks_away_ends_the_root_span_as_cancelled():
+    async def run():
+        exporter = InMemorySpanExporter()
+        decode = _Pool(DECODE_OK)
+        router = _router(_config(), _Pool(PREFILL_OK), decode, exporter)
+        response = await router._serve("completions", _request(_body()))
+        body = response.body_iterator
+        await anext(body)  # the first event went out; then the client is gone
+        await body.aclose()
+        assert "POST /v1/completions" in _by_name(exporter)
+        # The dispatcher's stream is closed by the event loop's async-generator finalizer.
+        await asyncio.sleep(0.01)
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    root = _one(spans, "POST /v1/completions")
+    assert root.attributes[tr.CANCELLED] is True
+    assert root.status.status_code is StatusCode.UNSET
+    decode = _one(spans, tr.DECODE)
+    assert decode.attributes[tr.CANCELLED] is True
+    assert decode.attributes[tr.GENAI_OUTPUT_TOKENS] == 1
+
+
+def test_a_response_whose_body_never_starts_ends_the_root_span_in_its_background_task():
+    async def run():
+        exporter = InMemorySpanExporter()
+        router = _router(_config(), _Pool(PREFILL_OK), _Pool(DECODE_OK), exporter)
+        response = await router._serve("completions", _request(_body()))
+        assert "POST /v1/completions" not in _by_name(exporter)
+        await response.background()
+        assert "POST /v1/completions" in _by_name(exporter)
+        await asyncio.sleep(0.01)  # the dispatcher's stream: closed by the loop's finalizer
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    assert _one(spans, "POST /v1/completions").attributes[tr.CANCELLED] is True
+    assert _one(spans, tr.DISPATCH).end_time is not None
+
+
+def test_client_errors_leave_the_status_unset_and_server_errors_set_it():
+    async def run(body, decode):
+        exporter = InMemorySpanExporter()
+        router = _router(_config(), _Pool(PREFILL_OK), decode, exporter)
+        response = await router._serve("completions", _request(body))
+        return response.status_code, _by_name(exporter)
+
+    status, spans = asyncio.run(run({"model": "other", "prompt": "x"}, _Pool(DECODE_OK)))
+    root = _one(spans, "POST /v1/completions")
+    assert status == root.attributes[tr.HTTP_STATUS] == 404
+    assert root.status.status_code is StatusCode.UNSET and tr.ERROR_TYPE in root.attributes
+    assert tr.DISPATCH not in spans
+
+    status, spans = asyncio.run(run(_body(), _Pool(RuntimeError("engine died"))))
+    root = _one(spans, "POST /v1/completions")
+    assert status == root.attributes[tr.HTTP_STATUS] == 500
+    assert root.status.status_code is StatusCode.ERROR
+    # the failed decode hop, then its continuation on another replica (router.decode_migrations
+    # = 1) failing the same way: one span each, the second marked as the first migration
+    hops = spans[tr.DECODE]
+    assert [h.status.status_code for h in hops] == [StatusCode.ERROR, StatusCode.ERROR]
+    assert [h.attributes.get("splitserve.decode.migration") for h in hops] == [None, 1]
+    assert _one(spans, tr.DISPATCH).status.status_code is StatusCode.ERROR
+
+
+def test_a_full_decode_queue_is_an_admission_span_with_its_reason():
+    async def run():
+        exporter = InMemorySpanExporter()
+        cfg = parse_config({
+            "mode": "colocated", "tracing": {"enabled": True},
+            "tenancy": {"decode_max_in_flight": 1, "max_queued": 1},
+        })
+        tracing = tr.Tracing.from_config(cfg.tracing, exporter=exporter)
+        decode = _Pool(DECODE_OK)
+        d = Dispatcher({"decode": decode}, cfg.disaggregation, RouterMetrics(),
+                       Tenancy.from_config(cfg), tracing=tracing)
+        req = GenerateRequest("cmpl-1", (1, 2, 3), Sampling(max_tokens=2))
+        holder = d.stream(req, DEFAULT_TENANT)
+        await anext(holder)  # holds the only slot
+        waiting = d.stream(req, DEFAULT_TENANT)
+        waiter = asyncio.create_task(anext(waiting))
+        await asyncio.sleep(0.01)  # queued
+        with pytest.raises(APIError) as refused:
+            await anext(d.stream(req, DEFAULT_TENANT))
+        assert refused.value.status == 429
+        await holder.aclose()
+        await waiter
+        await waiting.aclose()
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    assert [s.attributes[tr.PREFILL_PATH] for s in spans[tr.DISPATCH]] == ["colocated"] * 3
+    failed = [s for s in spans[tr.ADMISSION] if s.status.status_code is StatusCode.ERROR]
+    assert [s.attributes[tr.ERROR_TYPE] for s in failed] == ["queue_full"]
+    assert len(spans[tr.ADMISSION]) == 3
+
+
+def test_config_bounds_and_the_otlp_exporter_is_wired_without_a_global_provider():
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from splitserve.config import ConfigError
+
+    with pytest.raises(ConfigError, match="tracing.sample_ratio"):
+        parse_config({"tracing": {"sample_ratio": 1.5}})
+    with pytest.raises(ConfigError, match="tracing.endpoint: unknown key"):
+        parse_config({"tracing": {"endpoint": "x"}})
+    cfg = parse_config({"tracing": {
+        "enabled": True, "otlp_endpoint": "http://127.0.0.1:9/v1/traces", "service_name": "r1",
+    }}).tracing
+    tracing = tr.Tracing.from_config(cfg)
+    try:
+        processors = tracing.provider._active_span_processor._span_processors
+        assert [type(p) for p in processors] == [BatchSpanProcessor]
+        assert isinstance(processors[0].span_exporter, OTLPSpanExporter)
+        assert tracing.provider.resource.attributes["service.name"] == "r1"
+        assert otel_trace.get_tracer_provider() is not tracing.provider
+    finally:
+        tracing.shutdown()
+
+
+def test_a_chat_request_span_is_named_for_its_route():
+    exporter = InMemorySpanExporter()
+    tracing = tr.Tracing.from_config(_config().tracing, exporter=exporter)
+    request = tracing.request("chat", {}, model="m")
+    request.describe(tenant=DEFAULT_TENANT)
+    request.answered(200)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "POST /v1/chat/completions"
+    assert span.attributes[tr.GENAI_OPERATION] == "chat"
+    assert span.attributes[tr.HTTP_ROUTE] == "/v1/chat/completions"
+    assert span.attributes[tr.HTTP_STATUS] == 200
