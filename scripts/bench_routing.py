@@ -7,7 +7,8 @@
 
 Part `prefix` (two deployments, one after the other, Ray in this process through
 `tests.conftest.running_deployment`): mode disaggregated with 2 prefill replicas and 1 decode
-replica, `placement.share_cores` on (3 engines on a 2-core machine), one deployment per prefill
+replica, `placement.share_cores` on (3 engines on a 2-core machine), `spill_to_decode` off (every
+prompt goes through the prefill pool, whose routing is measured), one deployment per prefill
 routing policy (`router.routing.prefill` = prefix_aware, then round_robin; routing block size
 128 = the CPU engine's KV block). `--tenants` tenants with API keys; each has a long system
 prompt (`--prefix-len` tokens) and every request appends a unique suffix (`--suffix-len`).
@@ -308,6 +309,8 @@ def run_policy(
             "mode": "disaggregated",
             "pools.prefill.replicas": 2,
             "placement.share_cores": True,
+            # every prompt through the prefill pool: this part measures its routing
+            "disaggregation.spill_to_decode": False,
             "router.routing.prefill": policy,
             "router.routing.block_size": ENGINE_BLOCK,
             "tenants": tenants_config(keys),

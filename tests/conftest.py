@@ -109,3 +109,22 @@ def test_config(**overrides) -> SplitserveConfig:
 
 
 test_config.__test__ = False  # a helper, not a test
+
+
+async def stream_token_ids(
+    client, ids: list[int], max_tokens: int, *, model: str = "splitserve-tiny", on_tokens=None
+) -> list[int]:
+    """Greedy token ids of one streamed completion through the router (the real `openai`
+    client, `return_token_ids`); `on_tokens(new_ids)` sees each chunk's ids as they arrive."""
+    got: list[int] = []
+    stream = await client.completions.create(
+        model=model, prompt=ids, max_tokens=max_tokens, temperature=0, stream=True,
+        extra_body={"return_token_ids": True},
+    )
+    async for chunk in stream:
+        if chunk.choices:
+            new = chunk.choices[0].model_extra.get("token_ids") or []
+            got += new
+            if on_tokens is not None:
+                on_tokens(new)
+    return got

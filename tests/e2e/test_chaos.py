@@ -33,7 +33,13 @@ from ray import serve
 
 from splitserve.config import FaultsConfig
 from splitserve.engine.faults import kv_load_delay_s, kv_load_fails, prefill_fails
-from tests.conftest import direct_greedy, running_deployment, test_config, wait_healthy
+from tests.conftest import (
+    direct_greedy,
+    running_deployment,
+    stream_token_ids,
+    test_config,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.chaos]
 
@@ -158,18 +164,6 @@ def _assert_nothing_left() -> None:
 # ---- load ---------------------------------------------------------------------------------------
 
 
-async def _stream(client: openai.AsyncOpenAI, ids: list[int]) -> list[int]:
-    got: list[int] = []
-    stream = await client.completions.create(
-        model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-        extra_body={"return_token_ids": True},
-    )
-    async for chunk in stream:
-        if chunk.choices:
-            got += chunk.choices[0].model_extra.get("token_ids") or []
-    return got
-
-
 def _run_streams(base: str, prompts: list[list[int]], during=None) -> list[list[int]]:
     """All prompts as concurrent streams; `during()` runs (in a thread) once they are sent."""
 
@@ -177,7 +171,7 @@ def _run_streams(base: str, prompts: list[list[int]], during=None) -> list[list[
         async with openai.AsyncOpenAI(
             base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=REQUEST_DEADLINE_S
         ) as client:
-            tasks = [asyncio.create_task(_stream(client, ids)) for ids in prompts]
+            tasks = [asyncio.create_task(stream_token_ids(client, ids, MAX_TOKENS)) for ids in prompts]
             if during is not None:
                 await asyncio.sleep(PREFILL_DELAY_S / 2)  # every prefill is now in flight
                 await asyncio.to_thread(during)

@@ -20,7 +20,13 @@ import pytest
 import ray
 from ray import serve
 
-from tests.conftest import direct_greedy, running_deployment, test_config, wait_healthy
+from tests.conftest import (
+    direct_greedy,
+    running_deployment,
+    stream_token_ids,
+    test_config,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -72,24 +78,15 @@ def test_killing_a_decode_replica_mid_stream_changes_no_token(deployment):
     before = _migrations(deployment)
     received = [0]
 
-    async def one(client, ids) -> list[int]:
-        got: list[int] = []
-        stream = await client.completions.create(
-            model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-            extra_body={"return_token_ids": True},
-        )
-        async for chunk in stream:
-            if chunk.choices:
-                new = chunk.choices[0].model_extra.get("token_ids") or []
-                got += new
-                received[0] += len(new)
-        return got
+    def count(new: list[int]) -> None:
+        received[0] += len(new)
 
     async def main():
         async with openai.AsyncOpenAI(
             base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=DEADLINE_S
         ) as client:
-            tasks = [asyncio.create_task(one(client, ids)) for ids in prompts]
+            tasks = [asyncio.create_task(stream_token_ids(client, ids, MAX_TOKENS, on_tokens=count))
+                     for ids in prompts]
             while received[0] < STREAMS * MAX_TOKENS // 4:
                 assert not any(t.done() and t.exception() for t in tasks)
                 await asyncio.sleep(0.05)
