@@ -47,6 +47,7 @@ from splitserve.router.tracing import (
     FALLBACK,
     FALLBACK_REASON,
     FIRST_TOKEN,
+    MIGRATION,
     NOOP_TRACING,
     PREFILL,
     PREFILL_ATTEMPT,
@@ -61,7 +62,6 @@ from splitserve.router.tracing import (
 )
 
 log = logging.getLogger("splitserve.router")
-MIGRATION = "splitserve.decode.migration"  # span attribute: which continuation a decode hop is
 
 
 class Dispatcher:

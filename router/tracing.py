@@ -11,7 +11,10 @@ One trace per request; span names and attributes (GenAI semantic conventions whe
        │  ├─ splitserve.admission                      pool=prefill, queue wait
        │  └─ splitserve.prefill.attempt                one per try: attempt, replica, error.type
        ├─ splitserve.admission                         pool=decode, queue wait
-       └─ splitserve.decode                            replica, first_token event,
+       └─ splitserve.decode                            one per decode hop (a continuation on
+                                                       another replica after a failure has
+                                                       splitserve.decode.migration); replica,
+                                                       first_token event,
                                                        splitserve.kv_transfer.bytes, cached and
                                                        output tokens
 
@@ -78,6 +81,7 @@ QUEUE_WAIT = "splitserve.queue_wait_s"
 QUEUE_DEPTH = "splitserve.queue_depth"
 PROMPT_TOKENS = "splitserve.prompt_tokens"
 PREFILL_PATH = "splitserve.prefill_path"
+MIGRATION = "splitserve.decode.migration"  # on a decode span: which continuation it is
 PREFILL_REMOTE = "splitserve.prefill.remote"  # decode got the KV from a remote prefill
 PREFILL_ATTEMPTS = "splitserve.prefill.attempts"
 ATTEMPT = "splitserve.prefill.attempt"

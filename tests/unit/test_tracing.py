@@ -387,7 +387,7 @@ def test_client_errors_leave_the_status_unset_and_server_errors_set_it():
     # = 1) failing the same way: one span each, the second marked as the first migration
     hops = spans[tr.DECODE]
     assert [h.status.status_code for h in hops] == [StatusCode.ERROR, StatusCode.ERROR]
-    assert [h.attributes.get("splitserve.decode.migration") for h in hops] == [None, 1]
+    assert [h.attributes.get(tr.MIGRATION) for h in hops] == [None, 1]
     assert _one(spans, tr.DISPATCH).status.status_code is StatusCode.ERROR
 
 
