@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from splitserve.config import SplitserveConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.models import resolve_model_path
-from splitserve.router.deadline import within_deadline
+from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
 from splitserve.router.metrics import RouterMetrics
@@ -273,9 +273,12 @@ class Router:
             return_token_ids=req.return_token_ids,
         )
         trace.describe(request=gen_req, stream=req.stream)
-        chunks = trace.stream(within_deadline(
-            self._generate(tenant, gen_req, trace.context), self.cfg.router.request_timeout_s
-        ))
+        timeout_s = request_timeout(
+            self.cfg.router.request_timeout_s, request.headers.get(TIMEOUT_HEADER)
+        )
+        chunks = trace.stream(
+            within_deadline(self._generate(tenant, gen_req, trace.context), timeout_s)
+        )
         if req.stream:
             return await self._stream(chunks, renderer)
         return await self._whole(chunks, renderer)

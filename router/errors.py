@@ -72,11 +72,12 @@ def server_error(
 
 
 def deadline_exceeded(timeout_s: float) -> APIError:
-    """504: the request ran past `router.request_timeout_s` and was aborted in every pool."""
+    """504: the request ran past its deadline and was aborted in every pool."""
     return APIError(
         504,
-        f"The request did not finish within {timeout_s:g} s (router.request_timeout_s) and was "
-        "cancelled; ask for fewer tokens or retry later.",
+        f"The request did not finish within its {timeout_s:g} s deadline "
+        "(router.request_timeout_s, or the x-splitserve-timeout-s header) and was cancelled; "
+        "ask for fewer tokens or retry later.",
         type="timeout_error",
         code="request_timeout",
     )

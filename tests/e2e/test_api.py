@@ -20,9 +20,11 @@ pytestmark = pytest.mark.engine
 
 MODEL = "splitserve-tiny"
 MAX_BODY = 64 * 1024
-# Long enough for every other request of this module on two busy cores; a 2000-token generation
-# takes about 40 s here (the tiny model decodes one sequence at about 20 ms per token).
-REQUEST_TIMEOUT_S = 15
+# Deadlines the deadline tests ask for (x-splitserve-timeout-s): far shorter than the 2000-token
+# generations they cut (seconds at the tiny model's fastest, a few ms per token), long enough for
+# the first tokens of a stream.
+SHORT_DEADLINE_S = 0.5
+STREAM_DEADLINE_S = 2.0
 
 PROMPTS = [
     "Hello, how are you today?",
@@ -52,13 +54,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def deployment():
-    cfg = test_config(
-        **{
-            "router.max_body_bytes": MAX_BODY,
-            "router.request_timeout_s": REQUEST_TIMEOUT_S,
-            "mode": "colocated",
-        }
-    )
+    cfg = test_config(**{"router.max_body_bytes": MAX_BODY, "mode": "colocated"})
     with running_deployment(cfg) as base:
         yield base
 
@@ -321,6 +317,15 @@ def test_cancelled_stream_leaves_nothing_running(client):
     assert stats.num_unfinished == 0
 
 
+def test_a_bad_timeout_header_is_400(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=2,
+            extra_headers={"x-splitserve-timeout-s": "soon"},
+        )
+    _assert_error(exc.value, 400, "x-splitserve-timeout-s")
+
+
 def _decode_idle() -> int:
     """The decode engine's unfinished requests, once it has none or after ~10 s."""
     from ray import serve
@@ -339,9 +344,11 @@ def test_request_past_its_deadline_is_504_and_aborted(client):
         client.completions.create(
             model=MODEL, prompt="slow", max_tokens=2000, temperature=0,
             extra_body={"ignore_eos": True},
+            extra_headers={"x-splitserve-timeout-s": str(SHORT_DEADLINE_S)},
         )
     body = _assert_error(exc.value, 504, None, code="request_timeout")
-    assert "request_timeout_s" in body["message"] and body["type"] == "timeout_error"
+    assert f"{SHORT_DEADLINE_S:g} s deadline" in body["message"]
+    assert body["type"] == "timeout_error"
     assert _decode_idle() == 0
 
 
@@ -349,6 +356,7 @@ def test_stream_past_its_deadline_ends_with_an_error_event(client):
     stream = client.completions.create(
         model=MODEL, prompt="slow", max_tokens=2000, temperature=0, stream=True,
         extra_body={"ignore_eos": True},
+        extra_headers={"x-splitserve-timeout-s": str(STREAM_DEADLINE_S)},
     )
     received = 0
     with pytest.raises(openai.APIError) as exc:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from splitserve.router.deadline import within_deadline
+from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.errors import APIError
 
 
@@ -50,7 +50,7 @@ def test_past_the_deadline_the_wait_is_cancelled_and_a_504_raised():
     assert log == ["cancelled", "closed"]  # the worker wait was cancelled, not left running
     err = info.value
     assert (err.status, err.code, err.type) == (504, "request_timeout", "timeout_error")
-    assert "router.request_timeout_s" in err.message
+    assert "router.request_timeout_s" in err.message and "0.2 s" in err.message
 
 
 def test_a_consumer_that_stops_early_closes_the_source():
@@ -63,3 +63,16 @@ def test_a_consumer_that_stops_early_closes_the_source():
 
     asyncio.run(run())
     assert log == ["closed"]
+
+
+def test_a_client_can_shorten_its_deadline_never_lengthen_it():
+    assert request_timeout(600, None) == 600
+    assert request_timeout(600, "2.5") == 2.5
+    assert request_timeout(600, "9000") == 600
+
+
+@pytest.mark.parametrize("header", ["0", "-1", "soon", "nan", "inf", ""])
+def test_a_bad_timeout_header_is_a_400_naming_it(header):
+    with pytest.raises(APIError) as info:
+        request_timeout(600, header)
+    assert (info.value.status, info.value.param) == (400, TIMEOUT_HEADER)
