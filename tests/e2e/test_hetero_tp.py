@@ -25,6 +25,9 @@ def deployment():
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": 1,
             "disaggregation.spill_to_decode": False,  # every prompt takes the NIXL path
+            # A TP-2 engine on shared cores can take long over its first prefills: no fallback
+            # to a local prefill (which moves no KV) while the machine is slow.
+            "disaggregation.prefill_timeout_s": 300,
             "pools.prefill.tensor_parallel_size": 2,
             "pools.decode.tensor_parallel_size": 1,
             "placement.share_cores": True,
@@ -40,6 +43,8 @@ def test_prefill_tp2_to_decode_tp1_matches_local_prefill(deployment):
     client = openai.OpenAI(base_url=f"{deployment}/v1", api_key="x", max_retries=0)
     decode = serve.get_deployment_handle("decode", app_name="splitserve")
     rng = np.random.default_rng(3)
+    # Warm-up: the first transfer also makes the NIXL handshake between the TP-2 and TP-1 engines.
+    client.completions.create(model="splitserve-tiny", prompt=list(range(20, 220)), max_tokens=2)
     for n in (130, 700, 1500):
         ids = rng.integers(10, 500, n).tolist()
         before = decode.stats.remote().result().kv_bytes_received

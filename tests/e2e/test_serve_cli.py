@@ -58,6 +58,13 @@ def test_serve_answers_then_stops_cleanly(tmp_path):
             model="splitserve-tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8
         )
         assert r.usage.completion_tokens == 8
+        # The router answers before `serve.run` has returned to the launcher; the user sees
+        # "ready" a moment later, and stops the server after that.
+        deadline = time.monotonic() + 300
+        while "splitserve ready" not in (tmp_path / "serve.log").read_text(errors="replace") and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(1)
         tree = _descendants(proc.pid)
         names = " ".join(tree.values())
         assert "raylet" in names and "EngineCore" in names, names
