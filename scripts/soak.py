@@ -72,7 +72,9 @@ def process_label(proc: psutil.Process) -> str:
         return f"pid-{proc.pid}"
     if "raylet" in title or "gcs_server" in title:
         return Path(title.split()[0]).name
-    return title.split(" ")[0][:60] if title.startswith(("ray::", "VLLM::")) else proc.name()
+    if title.startswith("ray::"):  # Ray retitles an actor with the method it runs: drop that
+        return title.split(" ")[0].split(".")[0][:60]
+    return title.split(" ")[0][:60] if title.startswith("VLLM::") else proc.name()
 
 
 def sample_rss() -> dict[str, int]:
