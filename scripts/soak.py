@@ -38,7 +38,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from splitserve.bench.client import Target, make_client, send_one
+from splitserve.bench.client import Target, completion_body, make_client, send_one
 from splitserve.bench.results import RequestResult
 from splitserve.bench.stats import percentiles
 from splitserve.bench.workload import BenchRequest, LengthSpec, WorkloadSpec, build_workload
@@ -93,11 +93,11 @@ async def abandon_after_first_token(client, target: Target, req: BenchRequest, t
     """A streamed request that the client walks away from once its first token arrived."""
     rec = RequestResult(req.index, req.arrival_s, len(req.prompt), req.max_tokens)
     rec.sent_s = time.perf_counter() - t0
-    body = {"model": target.model, "prompt": list(req.prompt), "max_tokens": req.max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}
     sent = time.perf_counter()
     try:
-        async with client.stream("POST", "completions", json=body) as resp:
+        async with client.stream(
+            "POST", "completions", json=completion_body(target.model, req)
+        ) as resp:
             rec.status_code = resp.status_code
             if resp.status_code != 200:
                 rec.error = (await resp.aread()).decode("utf-8", "replace")[:300]
