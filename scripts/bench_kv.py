@@ -4,8 +4,8 @@
         [--max-tokens 4] [--copy-repeats 30] [--skip-colocated] [--seed 0] [--out bench-results/kv]
 
 1. Disaggregated deployment (1 prefill + 1 decode worker, each on a core of its own,
-   `disaggregation.min_remote_prompt_tokens 0`, Ray in this process through
-   `tests.conftest.running_deployment`). For each prompt length, after `--warmup` unmeasured
+   `disaggregation.min_remote_prompt_tokens 0` and `spill_to_decode` off, Ray in this process
+   through `tests.conftest.running_deployment`). For each prompt length, after `--warmup` unmeasured
    rounds, `--repeats` rounds of two sequential requests, each with a fresh random prompt (no
    prefix-cache hit is possible between repeats):
      routed   streamed `/v1/completions` through the router: client TTFT, and the decode engine's
@@ -52,7 +52,11 @@ from splitserve.engine.messages import GenerateRequest, Sampling  # noqa: E402
 from tests.conftest import running_deployment, test_config  # noqa: E402
 
 MODEL = "splitserve-tiny"
-DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0}
+DISAGG = {
+    "mode": "disaggregated",
+    "disaggregation.min_remote_prompt_tokens": 0,
+    "disaggregation.spill_to_decode": False,
+}
 COLOCATED = {"mode": "colocated"}
 STATS_WAIT_S = 2.0  # the stat logger records a step's connector stats just after the step
 
