@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from opentelemetry.context import Context
@@ -86,22 +87,24 @@ class Dispatcher:
         self.signals = signals or SignalRecorder(pools)
         self.decode_migrations = decode_migrations
         self.replicas = dict(replicas or {})  # ready replicas per pool (the controller updates it)
-        # This replica's prefill work in flight, for the spill rule: prompts waiting for or in a
-        # remote prefill (until their handoff or fallback), and prompts prefilling on decode
-        # (until their first token).
+        # This replica's work in flight, for the policy: prompts waiting for or in a remote
+        # prefill (until their handoff or fallback); prompts a pool prefills itself (until their
+        # first token); whole requests offloaded to the prefill pool (until they end).
         self._remote = {"requests": 0, "tokens": 0}
-        self._local_tokens = 0
+        self._local_tokens = {"decode": 0, "prefill": 0}
+        self._offloaded = 0
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
         decode = self.tenancy.gates["decode"]
         return PoolLoad(
             prefill_requests=self._remote["requests"],
-            prefill_tokens=self._remote["tokens"],
+            prefill_tokens=self._remote["tokens"] + self._local_tokens["prefill"],
             prefill_replicas=self.replicas.get("prefill", 1),
-            local_prefill_tokens=self._local_tokens,
+            local_prefill_tokens=self._local_tokens["decode"],
             decode_streams=decode.in_flight + decode.queued,
             decode_replicas=self.replicas.get("decode", 1),
+            prefill_streams=self._offloaded,
         )
 
     def _path(self, req: GenerateRequest) -> PrefillPath:
@@ -132,8 +135,9 @@ class Dispatcher:
         if span.is_recording():
             span.set_attributes({PREFILL_PATH: path.value, PROMPT_TOKENS: n_prompt})
         parent = self.tracing.context_of(span)
+        offloaded = path is PrefillPath.OFFLOAD
+        self._offloaded += offloaded
         try:
-            prefilled = False
             if path.remote:
                 self._remote["requests"] += 1
                 self._remote["tokens"] += n_prompt
@@ -144,91 +148,126 @@ class Dispatcher:
                     self._remote["tokens"] -= n_prompt
                 span.set_attribute(FALLBACK, handoff is None)
                 if handoff is not None:
-                    prefilled = True
                     fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
                     req = dataclasses.replace(
                         req, kv_transfer_params=handoff.decode_request_params(fetch_by)
                     )
-            local_tokens = 0 if prefilled else n_prompt  # decode prefills these itself
-            self._local_tokens += local_tokens
-            start = time.perf_counter()
-            self.signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
-            try:
-                async with self.tracing.admit(
-                    self.tenancy, "decode", tenant, n_prompt, parent
-                ) as ticket:
-                    first, streamed = None, []
-                    attempt, migrations, replica = req, 0, ""
-                    while attempt is not None:
-                        hop = self.tracing.start(DECODE, parent)
-                        if migrations and hop.is_recording():
-                            hop.set_attribute(MIGRATION, migrations)
-                        pulls_kv = attempt.kv_transfer_params is not None
-                        gen = self.pools["decode"].options(stream=True).generate.remote(attempt)
-                        n_out, kv_bytes, last, hop_first = 0, 0, None, None
-                        try:
-                            async for chunk in gen:
-                                replica = chunk.replica or replica
-                                ticket.add_output(len(chunk.token_ids))
-                                if chunk.kv_bytes:
-                                    kv_bytes += chunk.kv_bytes
-                                    self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
-                                if chunk.token_ids and hop_first is None:
-                                    hop_first = time.perf_counter()
-                                    hop.add_event(FIRST_TOKEN)
-                                if chunk.token_ids and first is None:
-                                    first = hop_first
-                                    self.signals.first_token("decode", first - start)
-                                    self._local_tokens -= local_tokens
-                                    local_tokens = 0
-                                n_out += len(chunk.token_ids)
-                                streamed.extend(chunk.token_ids)
-                                last = chunk
-                                yield chunk if attempt is req else _as_original(chunk, n_prompt)
-                            attempt = None
-                        except APIError as err:
-                            record_failure(hop, err)
-                            raise
-                        except Exception as err:  # worker crashed, engine error, replica gone
-                            record_failure(hop, err)
-                            kind = classify(err)
-                            if not migrate_decode(kind=kind, migrations=migrations,
-                                                  max_migrations=self.decode_migrations):
-                                raise _worker_error(req.request_id, err) from err
-                            migrations += 1
-                            failed = failed_replica(err) or replica
-                            avoid = attempt.avoid_replicas + ((failed,) if failed else ())
-                            self.metrics.decode_migrations.labels(reason=kind).inc()
-                            log.warning("decode of %s failed after %d tokens (%s: %s); continuing"
-                                        " on another replica", req.request_id, len(streamed),
-                                        kind, err)
-                            attempt = continuation(req, streamed, migration=migrations,
-                                                   avoid=avoid)
-                            if attempt is None:  # every token was out: only the ending was lost
-                                yield GenerateChunk((), "", finish_reason="length",
-                                                    num_prompt_tokens=n_prompt, replica=replica)
-                        except BaseException as err:  # cancelled, or the stream closed early
-                            record_failure(hop, err)
-                            raise
-                        finally:
-                            gen.cancel()
-                            if hop.is_recording():
-                                hop.set_attributes(decode_attributes(
-                                    last, kv_bytes=kv_bytes, output_tokens=n_out,
-                                    remote=pulls_kv,
-                                    ttft_s=None if hop_first is None else hop_first - start,
-                                ))
-                            hop.end()
-                    if first is not None:
-                        self.signals.finished("decode", time.perf_counter() - first,
-                                              len(streamed))
-            finally:
-                self._local_tokens -= local_tokens
+            async for chunk in self._generate(path.pool, req, tenant, parent):
+                yield chunk
         except BaseException as err:
             record_failure(span, err)
             raise
         finally:
+            self._offloaded -= offloaded
             span.end()
+
+    async def _generate(
+        self, pool: str, req: GenerateRequest, tenant: Tenant, parent: Context | None
+    ) -> AsyncIterator[GenerateChunk]:
+        """`req`'s chunks, generated on `pool` behind that pool's fair admission gate, from its
+        prompt or from its KV handoff. Closing the iterator cancels the worker request."""
+        n_prompt = len(req.prompt_token_ids)
+        # Prompt tokens the pool prefills itself count as its load until the first token.
+        local = [0 if req.kv_transfer_params is not None else n_prompt]
+        self._local_tokens[pool] += local[0]
+
+        def release_local() -> None:
+            self._local_tokens[pool] -= local[0]
+            local[0] = 0
+
+        start = time.perf_counter()
+        self.signals.arrival(pool, n_prompt, req.sampling.max_tokens or 0)
+        first, n_out = None, 0
+        try:
+            async with (
+                self.tracing.admit(self.tenancy, pool, tenant, n_prompt, parent) as ticket,
+                aclosing(self._migrating(pool, req, parent, start)) as chunks,
+            ):
+                async for chunk in chunks:
+                    ticket.add_output(len(chunk.token_ids))
+                    if chunk.token_ids and first is None:
+                        first = time.perf_counter()
+                        self.signals.first_token(pool, first - start)
+                        release_local()
+                    n_out += len(chunk.token_ids)
+                    yield chunk
+            if first is not None:
+                self.signals.finished(pool, time.perf_counter() - first, n_out)
+        finally:
+            release_local()
+
+    async def _migrating(
+        self, pool: str, req: GenerateRequest, parent: Context | None, start: float
+    ) -> AsyncIterator[GenerateChunk]:
+        """`req`'s chunks from `pool`; when the replica fails mid-stream, the rest comes from a
+        continuation on a decode replica (`router.decode_migrations` times at most), so that the
+        client sees one stream without a repeated or missing token."""
+        n_prompt = len(req.prompt_token_ids)
+        attempt: GenerateRequest | None = req
+        streamed: list[int] = []
+        migrations, replica = 0, ""
+        while attempt is not None:
+            hop = self.tracing.start(DECODE, parent)
+            if migrations and hop.is_recording():
+                hop.set_attribute(MIGRATION, migrations)
+            try:
+                async with aclosing(self._hop(pool, attempt, hop, start)) as chunks:
+                    async for chunk in chunks:
+                        replica = chunk.replica or replica
+                        streamed.extend(chunk.token_ids)
+                        yield chunk if attempt is req else _as_original(chunk, n_prompt)
+                return
+            except APIError:
+                raise
+            except Exception as err:  # worker crashed, engine error, replica gone
+                kind = classify(err)
+                if not migrate_decode(kind=kind, migrations=migrations,
+                                      max_migrations=self.decode_migrations):
+                    raise _worker_error(req.request_id, err) from err
+                migrations += 1
+                failed = failed_replica(err) or replica
+                self.metrics.decode_migrations.labels(reason=kind).inc()
+                log.warning("generation of %s on %s failed after %d tokens (%s: %s); continuing "
+                            "on a decode replica", req.request_id, pool, len(streamed), kind, err)
+                pool = "decode"  # a continuation prefills its prompt there, like a colocated run
+                attempt = continuation(
+                    req, streamed, migration=migrations,
+                    avoid=attempt.avoid_replicas + ((failed,) if failed else ()),
+                )
+        # every token was out before the failure: only the ending was lost
+        yield GenerateChunk((), "", finish_reason="length", num_prompt_tokens=n_prompt,
+                            replica=replica)
+
+    async def _hop(
+        self, pool: str, req: GenerateRequest, hop: Span, start: float
+    ) -> AsyncIterator[GenerateChunk]:
+        """One worker call on `pool`: its chunks, traced as the `hop` span (ended here).
+        Closing the iterator cancels the worker request."""
+        n_out, kv_bytes, last, first = 0, 0, None, None
+        gen = self.pools[pool].options(stream=True).generate.remote(req)
+        try:
+            async for chunk in gen:
+                if chunk.kv_bytes:
+                    kv_bytes += chunk.kv_bytes
+                    self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                if chunk.token_ids and first is None:
+                    first = time.perf_counter()
+                    hop.add_event(FIRST_TOKEN)
+                n_out += len(chunk.token_ids)
+                last = chunk
+                yield chunk
+        except BaseException as err:  # failed, cancelled, or the stream closed early
+            record_failure(hop, err)
+            raise
+        finally:
+            gen.cancel()
+            if hop.is_recording():
+                hop.set_attributes(decode_attributes(
+                    last, kv_bytes=kv_bytes, output_tokens=n_out,
+                    remote=req.kv_transfer_params is not None,
+                    ttft_s=None if first is None else first - start,
+                ))
+            hop.end()
 
     async def _admitted_prefill(
         self, req: GenerateRequest, tenant: Tenant, parent: Context | None = None

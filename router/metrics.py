@@ -62,7 +62,8 @@ class RouterMetrics:
         self.disagg_reasons = Counter(
             "splitserve_disagg_reasons",
             "Conditional disaggregation decisions by reason: remote, or local because the prompt "
-            "was short, the prefill queue full, or the prefill pool more backed up (spill).",
+            "was short, the prefill queue full, or the prefill pool more backed up (spill), or the "
+            "whole request on a prefill replica because decode was the bottleneck (offload).",
             ["reason"],
             registry=r,
         )

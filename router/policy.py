@@ -14,6 +14,15 @@ pool (remote, the KV then moves to decode over NIXL) or on the decode worker its
    decode pool with spare capacity takes prompts itself, as a colocated engine would (what wins
    on prefill-heavy load), the prefill pool takes them once decode is busier, and a decode pool
    busy streaming keeps its steps free of prefill (what wins on decode-heavy load).
+
+Before all of these, with `offload_to_prefill` on, the whole request (prefill and decode) runs on
+a prefill replica when the decode pool is the bottleneck: when the decode pool's streams per
+replica (at `decode_stream_cost_tokens` each) exceed the prefill pool's whole work per replica
+(its prefill backlog plus its own streams) by more than `offload_margin_tokens`. A prefill
+engine is a full engine: on decode-heavy load an idle prefill pool would otherwise leave its
+cores unused while every stream shares the decode engines. The rule looks at decode's streams
+only, not at the prompts it prefills itself, so that prompts keep going to the prefill pool
+while decode is busy prefilling; and the margin keeps the prefill pool mostly free for prefills.
 """
 
 from __future__ import annotations
@@ -32,11 +41,17 @@ class PrefillPath(str, Enum):
     QUEUE_FULL = "queue_full"  # max_prefill_queue prefills in flight
     SPILL = "spill"  # prefilling on decode is the faster path
     COLOCATED = "colocated"  # no prefill pool deployed
+    OFFLOAD = "offload"  # the whole request runs on a prefill replica: decode is the bottleneck
 
     @property
     def remote(self) -> bool:
-        """True when the prompt goes to the prefill pool."""
+        """True when the prompt is prefilled in the prefill pool and its KV moves to decode."""
         return self is PrefillPath.REMOTE
+
+    @property
+    def pool(self) -> str:
+        """The pool that generates the request's tokens."""
+        return "prefill" if self is PrefillPath.OFFLOAD else "decode"
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,7 @@ class PoolLoad:
     prefill_tokens: the uncached prompt tokens of those.
     local_prefill_tokens: prompt tokens of requests prefilling on decode, until their first token.
     decode_streams: requests waiting at or admitted through the decode gate.
+    prefill_streams: whole requests offloaded to the prefill pool, until they finish.
     """
 
     prefill_requests: int = 0
@@ -55,17 +71,24 @@ class PoolLoad:
     local_prefill_tokens: int = 0
     decode_streams: int = 0
     decode_replicas: int = 1
+    prefill_streams: int = 0
 
 
-def prefill_backlog(load: PoolLoad) -> float:
-    """Prompt tokens ahead of a new remote prefill, per prefill replica."""
-    return load.prefill_tokens / max(load.prefill_replicas, 1)
+def prefill_backlog(load: PoolLoad, cfg: DisaggregationConfig) -> float:
+    """Token-equivalents of work ahead of a new remote prefill, per prefill replica."""
+    work = load.prefill_tokens + load.prefill_streams * cfg.decode_stream_cost_tokens
+    return work / max(load.prefill_replicas, 1)
 
 
 def decode_backlog(load: PoolLoad, cfg: DisaggregationConfig) -> float:
     """Token-equivalents of work ahead of a new local prefill, per decode replica."""
     work = load.local_prefill_tokens + load.decode_streams * cfg.decode_stream_cost_tokens
     return work / max(load.decode_replicas, 1)
+
+
+def decode_stream_load(load: PoolLoad, cfg: DisaggregationConfig) -> float:
+    """The decode pool's streams per replica, in token-equivalents."""
+    return load.decode_streams * cfg.decode_stream_cost_tokens / max(load.decode_replicas, 1)
 
 
 def prefill_path(
@@ -76,13 +99,19 @@ def prefill_path(
     cfg: DisaggregationConfig,
 ) -> PrefillPath:
     """Where this prompt prefills (see the module docstring for the rule)."""
+    if (
+        cfg.offload_to_prefill
+        and load.prefill_requests < cfg.max_prefill_queue
+        and decode_stream_load(load, cfg) > prefill_backlog(load, cfg) + cfg.offload_margin_tokens
+    ):
+        return PrefillPath.OFFLOAD
     uncached = max(prompt_tokens - expected_cached_tokens, 0)
     if uncached < cfg.min_remote_prompt_tokens:
         return PrefillPath.SHORT
     if load.prefill_requests >= cfg.max_prefill_queue:
         return PrefillPath.QUEUE_FULL
     if cfg.spill_to_decode and (
-        prefill_backlog(load) + cfg.handoff_cost_tokens > decode_backlog(load, cfg)
+        prefill_backlog(load, cfg) + cfg.handoff_cost_tokens > decode_backlog(load, cfg)
     ):
         return PrefillPath.SPILL
     return PrefillPath.REMOTE

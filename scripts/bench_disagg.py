@@ -8,11 +8,13 @@ Configurations, deployed one after another on this machine (Ray in this process,
 `tests.conftest.running_deployment`, on a free port), each with two engines:
 
     disagg       1 prefill + 1 decode worker, every prompt prefilled remotely
-                 (mode disaggregated, min_remote_prompt_tokens 0, spill_to_decode off)
+                 (mode disaggregated, min_remote_prompt_tokens 0, spill_to_decode and
+                 offload_to_prefill off)
     colocated    2 colocated workers (mode colocated, pools.decode.replicas 2)
     conditional  1 prefill + 1 decode worker with the default policy (router/policy.py):
                  remote prefill for prompts of at least `min_remote_prompt_tokens` (128),
-                 spilled to the decode worker while the prefill pool is more backed up
+                 prefilled on the decode worker when that is the faster path, and whole
+                 requests run on the prefill worker when decode is the bottleneck
 
 Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact output lengths:
 
@@ -62,6 +64,7 @@ CONFIGS = {
         "mode": "disaggregated",
         "disaggregation.min_remote_prompt_tokens": 0,
         "disaggregation.spill_to_decode": False,
+        "disaggregation.offload_to_prefill": False,
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},

@@ -56,6 +56,7 @@ DISAGG = {
     "mode": "disaggregated",
     "disaggregation.min_remote_prompt_tokens": 0,
     "disaggregation.spill_to_decode": False,
+    "disaggregation.offload_to_prefill": False,
 }
 COLOCATED = {"mode": "colocated"}
 STATS_WAIT_S = 2.0  # the stat logger records a step's connector stats just after the step

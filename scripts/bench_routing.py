@@ -311,6 +311,7 @@ def run_policy(
             "placement.share_cores": True,
             # every prompt through the prefill pool: this part measures its routing
             "disaggregation.spill_to_decode": False,
+            "disaggregation.offload_to_prefill": False,
             "router.routing.prefill": policy,
             "router.routing.block_size": ENGINE_BLOCK,
             "tenants": tenants_config(keys),

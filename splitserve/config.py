@@ -168,6 +168,20 @@ class DisaggregationConfig(_Strict):
         "when its backlog is compared with the prefill pool's. Higher keeps prefill off busy "
         "decode workers (lower TPOT, higher TTFT).",
     )
+    offload_to_prefill: bool = Field(
+        True,
+        description="Run whole requests on a prefill replica when the decode pool is the "
+        "bottleneck: its streams per replica (at `decode_stream_cost_tokens` each) exceed the "
+        "prefill pool's work per replica by more than `offload_margin_tokens` "
+        "(router/policy.py). Off: prefill replicas only ever prefill.",
+    )
+    offload_margin_tokens: int = Field(
+        256,
+        ge=0,
+        description="How much more loaded (in token-equivalents per replica) the decode pool must "
+        "be than the prefill pool before a request is offloaded. Higher keeps the prefill pool "
+        "freer for prefills (lower TTFT of remote prompts) at the cost of decode throughput.",
+    )
     prefill_attempts: int = Field(
         2, ge=1, le=8,
         description="Tries of a remote prefill, each steered away from the replicas that failed; "

@@ -71,6 +71,7 @@ def deployment():
     cfg = test_config(
         **{
             "mode": "disaggregated",
+            "disaggregation.offload_to_prefill": False,  # phase 1 must load the decode pool
             "placement.share_cores": True,
             "autoscaling.policy": "queue",
             "autoscaling.target_ongoing_requests": TARGET_ONGOING,

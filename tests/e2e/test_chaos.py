@@ -68,6 +68,7 @@ def deployment():
             "placement.share_cores": True,
             "disaggregation.kv_lease_s": KV_LEASE_S,
             "disaggregation.spill_to_decode": False,  # faults must hit the remote path
+            "disaggregation.offload_to_prefill": False,
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,
             "faults": FAULTS.model_dump(),

@@ -41,6 +41,7 @@ def deployment():
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": THRESHOLD,
             "disaggregation.spill_to_decode": False,
+            "disaggregation.offload_to_prefill": False,
         }
     )
     with running_deployment(cfg) as base:

@@ -37,11 +37,13 @@ class _Gated:
         self.fail = fail
         self.release = asyncio.Event()
         self.started = asyncio.Event()
+        self.requests: list[GenerateRequest] = []
 
     def options(self, **_):
         return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
 
     def _remote(self, req):
+        self.requests.append(req)
         return _Iter(self._run())
 
     async def _run(self):
@@ -147,6 +149,60 @@ def test_a_failed_decode_releases_its_local_prefill():
         decode.release.set()
         with pytest.raises(APIError):
             await _drain(d, _req(500), [])
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())
+
+
+def test_an_offloaded_request_runs_whole_on_prefill_and_counts_there_until_it_ends():
+    async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
+        # Short prompts (local), and any decode stream makes decode the bottleneck.
+        d, prefill, decode, metrics = _setup(min_remote_prompt_tokens=2000,
+                                             offload_margin_tokens=0)
+        out: list = []
+        first = asyncio.create_task(_drain(d, _req(100, 1), out))
+        await decode.started.wait()
+        assert d.load() == PoolLoad(local_prefill_tokens=100, decode_streams=1)
+        second = asyncio.create_task(_drain(d, _req(500, 2), out))
+        await prefill.started.wait()
+        assert d.load().prefill_streams == 1
+        assert d.load().prefill_tokens == 500  # its prompt, until its first token
+        assert (_reason(metrics, "short"), _reason(metrics, "offload")) == (1, 1)
+        [sent] = prefill.requests
+        assert sent.sampling.max_tokens == 2  # the whole request, not a max_tokens=1 prefill
+        assert sent.kv_transfer_params is None and sent.request_id == "cmpl-2"
+        prefill.release.set()
+        decode.release.set()
+        await asyncio.gather(first, second)
+        assert sorted(out) == [(1,), (2,), (7,)]
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())
+
+
+def test_an_offloaded_request_whose_prefill_replica_fails_continues_on_decode():
+    async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
+        d, prefill, decode, metrics = _setup(min_remote_prompt_tokens=2000,
+                                             offload_margin_tokens=0)
+        prefill.fail = RuntimeError("replica gone")
+        out: list = []
+        first = asyncio.create_task(_drain(d, _req(100, 1), out))
+        await decode.started.wait()
+        second = asyncio.create_task(_drain(d, _req(500, 2), out))
+        await prefill.started.wait()
+        prefill.release.set()
+        decode.release.set()
+        await asyncio.gather(first, second)
+        assert sorted(out) == [(1,), (1,), (2,), (2,)]  # the second stream came from decode
+        assert decode.requests[1].request_id == "cmpl-2-m1"
+        assert metrics.registry.get_sample_value(
+            "splitserve_decode_migrations_total", {"reason": "replica"}) == 1
         assert d.load() == PoolLoad()
 
     asyncio.run(run())

@@ -8,10 +8,11 @@ from splitserve.config import DisaggregationConfig
 from splitserve.kv_transfer.handoff import HandoffError, KVHandoff, prefill_request_params
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 
-# No handoff cost here: these cases compare the two backlogs alone (the cost has its own tests).
+# No handoff cost here: these cases compare the two backlogs alone (the cost has its own tests);
+# no offload either (its own tests below).
 CFG = DisaggregationConfig(
     min_remote_prompt_tokens=100, max_prefill_queue=4, decode_stream_cost_tokens=50,
-    handoff_cost_tokens=0,
+    handoff_cost_tokens=0, offload_to_prefill=False,
 )
 IDLE = PoolLoad()
 
@@ -67,6 +68,61 @@ def test_the_handoff_cost_keeps_prompts_on_a_decode_pool_with_spare_capacity():
     # decode already prefilling 200 tokens, the prefill pool nothing: 0 + 256 > 200, local
     assert _path(1536, load=PoolLoad(local_prefill_tokens=200), cfg=cfg) is PrefillPath.SPILL
     assert _path(1536, load=PoolLoad(local_prefill_tokens=300), cfg=cfg) is PrefillPath.REMOTE
+
+
+OFFLOAD_CFG = CFG.model_copy(update={"offload_to_prefill": True, "offload_margin_tokens": 200})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "load", "want"),
+    [
+        # decode streams 5 x 50 = 250 > idle prefill pool + 200: the prefill pool runs it all
+        (10, PoolLoad(decode_streams=5), PrefillPath.OFFLOAD),
+        (1536, PoolLoad(decode_streams=5), PrefillPath.OFFLOAD),
+        # 4 x 50 = 200 is not more than the margin: the usual rules (short: local)
+        (10, PoolLoad(decode_streams=4), PrefillPath.SHORT),
+        # the prefill pool's own streams count: 10 x 50 > 4 x 50 + 200, but 8 x 50 is not
+        (10, PoolLoad(decode_streams=10, prefill_streams=4), PrefillPath.OFFLOAD),
+        (10, PoolLoad(decode_streams=8, prefill_streams=4), PrefillPath.SHORT),
+        # ... and so do its prompts: 1000 tokens in remote prefill outweigh 20 streams
+        (10, PoolLoad(decode_streams=20, prefill_requests=1, prefill_tokens=1000),
+         PrefillPath.SHORT),
+        # decode busy prefilling prompts (not streaming) is not a reason: prompts go remote
+        (1536, PoolLoad(local_prefill_tokens=5000), PrefillPath.REMOTE),
+        # per replica: 2 decode replicas halve decode's streams below the margin
+        (10, PoolLoad(decode_streams=5, decode_replicas=2), PrefillPath.SHORT),
+        # a full prefill queue takes nothing more, whole requests included
+        (10, PoolLoad(decode_streams=50, prefill_requests=4), PrefillPath.SHORT),
+    ],
+)
+def test_offload_runs_whole_requests_on_prefill_when_decode_is_the_bottleneck(prompt, load, want):
+    got = _path(prompt, load=load, cfg=OFFLOAD_CFG)
+    assert got is want
+    assert got.pool == ("prefill" if want is PrefillPath.OFFLOAD else "decode")
+    assert not got.remote or want is PrefillPath.REMOTE
+
+
+def test_offload_off_keeps_requests_on_decode():
+    cfg = OFFLOAD_CFG.model_copy(update={"offload_to_prefill": False})
+    assert _path(10, load=PoolLoad(decode_streams=50), cfg=cfg) is PrefillPath.SHORT
+
+
+def test_offloaded_streams_balance_the_two_pools():
+    """Streams arriving one by one and never finishing: with offload on they split between the
+    pools up to the margin, instead of all landing on decode (what wastes a prefill engine on
+    decode-heavy load)."""
+    load = PoolLoad()
+    for _ in range(40):
+        path = _path(10, load=load, cfg=OFFLOAD_CFG)
+        if path is PrefillPath.OFFLOAD:
+            load = PoolLoad(decode_streams=load.decode_streams,
+                            prefill_streams=load.prefill_streams + 1)
+        else:
+            load = PoolLoad(decode_streams=load.decode_streams + 1,
+                            prefill_streams=load.prefill_streams)
+    # decode ends at most margin / cost + 1 streams ahead: 200 / 50 = 4, + 1
+    assert load.prefill_streams + load.decode_streams == 40
+    assert 0 < load.decode_streams - load.prefill_streams <= 5
 
 
 def test_zero_threshold_sends_everything_remote():

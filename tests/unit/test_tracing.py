@@ -87,7 +87,7 @@ DECODE_OK = [
 def _config(tracing: dict | None = None, **disagg):
     return parse_config({
         "mode": "disaggregated",
-        "disaggregation": {"spill_to_decode": False, **disagg},
+        "disaggregation": {"spill_to_decode": False, "offload_to_prefill": False, **disagg},
         "tracing": {"enabled": True} if tracing is None else tracing,
     })
 
