@@ -152,8 +152,9 @@ class Dispatcher:
                     req = dataclasses.replace(
                         req, kv_transfer_params=handoff.decode_request_params(fetch_by)
                     )
-            async for chunk in self._generate(path.pool, req, tenant, parent):
-                yield chunk
+            async with aclosing(self._generate(path.pool, req, tenant, parent)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         except BaseException as err:
             record_failure(span, err)
             raise

@@ -38,13 +38,15 @@ class _Gated:
         self.release = asyncio.Event()
         self.started = asyncio.Event()
         self.requests: list[GenerateRequest] = []
+        self.streams: list[_Iter] = []
 
     def options(self, **_):
         return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
 
     def _remote(self, req):
         self.requests.append(req)
-        return _Iter(self._run())
+        self.streams.append(_Iter(self._run()))
+        return self.streams[-1]
 
     async def _run(self):
         self.started.set()
@@ -60,12 +62,13 @@ class _Iter:
 
     def __init__(self, agen) -> None:
         self.agen = agen
+        self.cancelled = False
 
     def __aiter__(self):
         return self.agen
 
     def cancel(self) -> None:
-        pass
+        self.cancelled = True
 
 
 def _setup(**disagg):
@@ -204,5 +207,23 @@ def test_an_offloaded_request_whose_prefill_replica_fails_continues_on_decode():
         assert metrics.registry.get_sample_value(
             "splitserve_decode_migrations_total", {"reason": "replica"}) == 1
         assert d.load() == PoolLoad()
+
+    asyncio.run(run())
+
+
+def test_closing_the_stream_after_a_chunk_cancels_the_worker_request_at_once():
+    """A client that stops reading between chunks: closing the dispatcher's stream closes every
+    nested generator there and then (not when the event loop finalizes them later), so the
+    worker request is cancelled and the gate slot and load released before `aclose` returns."""
+    async def run():
+        d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)
+        decode.release.set()
+        stream = d.stream(_req(500), DEFAULT_TENANT)
+        assert (await stream.__anext__()).token_ids == (1,)
+        assert d.load().decode_streams == 1
+        await stream.aclose()
+        assert decode.streams[0].cancelled
+        assert d.load() == PoolLoad()
+        assert d.tenancy.gates["decode"].in_flight == 0
 
     asyncio.run(run())
