@@ -30,6 +30,9 @@ Writes, under --out:
                       and the highest rate meeting 90 % attainment (rewritten after each config)
     <preset>.png      SLO attainment and goodput vs rate, one line per configuration
 
+The conditional policy's decisions (remote, short, spill, offload, ...) per rate are read from
+the router's /metrics, printed, and kept in comparison.json (`decisions`).
+
 Time: about (engine start ~1 min + presets x sum over rates of num_requests / rate) per
 configuration; the defaults take roughly 15 minutes on 2 cores. The load generator shares
 the machine with the engines, so on 2 cores the absolute numbers are pessimistic; compare
@@ -42,7 +45,11 @@ import argparse
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -113,8 +120,21 @@ def bench_config(args: argparse.Namespace, base_url: str, preset: str, out: Path
     )
 
 
+def decision_counts(base_url: str) -> Counter[str]:
+    """The router's conditional-disaggregation decisions so far, by reason (`/metrics`)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name == "splitserve_disagg_reasons":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["reason"]] += int(sample.value)
+    return counts
+
+
 def run_config(args: argparse.Namespace, name: str, out: Path) -> dict[str, dict]:
-    """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset."""
+    """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset, each with
+    the policy's decisions per rate (`decisions`: reason -> requests, warm-up excluded)."""
     sweeps = {}
     cfg = test_config(**CONFIGS[name])
     start = time.perf_counter()
@@ -123,9 +143,20 @@ def run_config(args: argparse.Namespace, name: str, out: Path) -> dict[str, dict
         for preset in args.preset:
             bench = bench_config(args, base, preset, out / name / preset)
             run_warmup(bench)
-            sweep = run_sweep(bench)
+            decisions: dict[str, dict[str, int]] = {}
+            seen = [decision_counts(base)]
+
+            def on_rate(rate: float, _summary: dict, seen=seen, decisions=decisions) -> None:
+                now = decision_counts(base)
+                decisions[str(rate)] = dict(now - seen[0])
+                seen[0] = now
+
+            sweep = run_sweep(bench, on_rate)
             print(f"[{name}] {preset}\n{format_sweep(sweep)}", flush=True)
+            if any(decisions.values()):
+                print(f"[{name}] {preset} decisions by rate: {decisions}", flush=True)
             sweeps[preset] = {k: v for k, v in sweep.items() if k != "config"}
+            sweeps[preset]["decisions"] = decisions
     return sweeps
 
 

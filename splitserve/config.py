@@ -176,11 +176,13 @@ class DisaggregationConfig(_Strict):
         "(router/policy.py). Off: prefill replicas only ever prefill.",
     )
     offload_margin_tokens: int = Field(
-        256,
+        64,
         ge=0,
         description="How much more loaded (in token-equivalents per replica) the decode pool must "
-        "be than the prefill pool before a request is offloaded. Higher keeps the prefill pool "
-        "freer for prefills (lower TTFT of remote prompts) at the cost of decode throughput.",
+        "be than the prefill pool before a request is offloaded. The default is one stream: ties "
+        "stay on decode, and otherwise streams balance within one, since on the CPU engine TPOT "
+        "grows steeply with the streams per engine (BENCHMARKS.md). Higher keeps the prefill "
+        "pool freer for prefills (lower TTFT of remote prompts) at the cost of decode throughput.",
     )
     prefill_attempts: int = Field(
         2, ge=1, le=8,
