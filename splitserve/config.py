@@ -169,7 +169,7 @@ class DisaggregationConfig(_Strict):
         "decode workers (lower TPOT, higher TTFT).",
     )
     offload_to_prefill: bool = Field(
-        True,
+        False,
         description="Run whole requests on a prefill replica when the decode pool is the "
         "bottleneck: its streams per replica (at `decode_stream_cost_tokens` each) exceed the "
         "prefill pool's work per replica by more than `offload_margin_tokens` "

@@ -164,7 +164,7 @@ def test_an_offloaded_request_runs_whole_on_prefill_and_counts_there_until_it_en
     async def body():
         # Short prompts (local), and any decode stream makes decode the bottleneck.
         d, prefill, decode, metrics = _setup(min_remote_prompt_tokens=2000,
-                                             offload_margin_tokens=0)
+                                             offload_margin_tokens=0, offload_to_prefill=True)
         out: list = []
         first = asyncio.create_task(_drain(d, _req(100, 1), out))
         await decode.started.wait()
@@ -192,7 +192,7 @@ def test_an_offloaded_request_whose_prefill_replica_fails_continues_on_decode():
 
     async def body():
         d, prefill, decode, metrics = _setup(min_remote_prompt_tokens=2000,
-                                             offload_margin_tokens=0)
+                                             offload_margin_tokens=0, offload_to_prefill=True)
         prefill.fail = RuntimeError("replica gone")
         out: list = []
         first = asyncio.create_task(_drain(d, _req(100, 1), out))
