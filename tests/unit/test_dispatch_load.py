@@ -157,14 +157,17 @@ def test_a_failed_decode_releases_its_local_prefill():
     asyncio.run(run())
 
 
+def _offload_setup():
+    """Short prompts (local), and any decode stream makes decode the bottleneck."""
+    return _setup(min_remote_prompt_tokens=2000, offload_margin_tokens=0, offload_to_prefill=True)
+
+
 def test_an_offloaded_request_runs_whole_on_prefill_and_counts_there_until_it_ends():
     async def run():
         await asyncio.wait_for(body(), 10)
 
     async def body():
-        # Short prompts (local), and any decode stream makes decode the bottleneck.
-        d, prefill, decode, metrics = _setup(min_remote_prompt_tokens=2000,
-                                             offload_margin_tokens=0, offload_to_prefill=True)
+        d, prefill, decode, metrics = _offload_setup()
         out: list = []
         first = asyncio.create_task(_drain(d, _req(100, 1), out))
         await decode.started.wait()
@@ -191,8 +194,7 @@ def test_an_offloaded_request_whose_prefill_replica_fails_continues_on_decode():
         await asyncio.wait_for(body(), 10)
 
     async def body():
-        d, prefill, decode, metrics = _setup(min_remote_prompt_tokens=2000,
-                                             offload_margin_tokens=0, offload_to_prefill=True)
+        d, prefill, decode, metrics = _offload_setup()
         prefill.fail = RuntimeError("replica gone")
         out: list = []
         first = asyncio.create_task(_drain(d, _req(100, 1), out))
