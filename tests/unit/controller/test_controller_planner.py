@@ -76,16 +76,17 @@ def test_model_shape_refuses_unknown_and_moe(tmp_path: Path) -> None:
 def test_cpu_profile_reproduces_the_measured_tiny_model_figures() -> None:
     cost = ReplicaCost(tiny_shape(), cpu_core(), kv_cache_bytes=GIB)
     hop = cost.acc.router_latency_s
-    # kv.json (session 4): colocated TTFT of one request on an idle engine, ms by prompt length.
-    for tokens, ttft_ms in ((256, 39), (1024, 76), (2040, 178)):
-        assert 1e3 * (hop + cost.prefill_s(tokens)) == pytest.approx(ttft_ms, abs=5)
+    # kv.json (session 4), one request on idle engines, ms by prompt length: colocated TTFT,
+    # and disaggregated TTFT (the handoff and the decode engine's first step added).
+    for tokens, coloc_ms, disagg_ms in ((256, 39.0, 63.3), (1024, 76.5, 117.9), (2040, 177.8, 0)):
+        colocated = hop + cost.prefill_s(tokens)
+        assert 1e3 * colocated == pytest.approx(coloc_ms, abs=5)
+        if disagg_ms:  # 2040 tokens: the prefill hop's unexplained +74 ms, not fitted
+            disagg = colocated + cost.kv_transfer_s(tokens) + cost.decode_step_s(1, tokens)
+            assert 1e3 * disagg == pytest.approx(disagg_ms, abs=5)
     # bench_disagg colocated runs: mean TPOT at 1 and 7.5 streams per engine (128-token prompts).
     assert 1e3 * cost.decode_step_s(1, 1536) == pytest.approx(8.1, abs=1)
     assert 1e3 * cost.decode_step_s(7.5, 7.5 * 256) == pytest.approx(28.5, rel=0.1)
-    # kv.json: the handoff adds 19 / 29 ms (disaggregated less colocated TTFT) at 256 / 1024.
-    for tokens, extra_ms in ((256, 19.3), (1024, 28.6)):
-        extra = cost.kv_transfer_s(tokens) + cost.decode_step_s(1, tokens)
-        assert 1e3 * extra == pytest.approx(extra_ms, abs=3)
     # The engine alone (no serving path): 32 parallel requests x 32 tokens took 0.4 s on the
     # first calibration's busier machine; the re-calibrated engine predicts about half.
     engine = ReplicaCost(tiny_shape(), replace(cpu_core(), stream_token_s=0.0), kv_cache_bytes=GIB)
