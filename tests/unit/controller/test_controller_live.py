@@ -212,10 +212,11 @@ def test_step_scales_a_breaching_pool_and_answers_ready_counts() -> None:
         ctl.controller = None
         assert ctl.report("router-1", {"decode": slow}) == {}
         assert ctl.step() is True
-        assert ("decode", 2) in ctl.actuator.calls
-        assert not any(pool == "prefill" for pool, _ in ctl.actuator.calls)
+        # Up from 1 (how far depends on the CPU profile's decode cost); prefill untouched.
+        ((pool, up),) = ctl.actuator.calls
+        assert pool == "decode" and up >= 2
         decode = [h for h in ctl.history() if h["pool"] == "decode"][-1]
-        assert decode["scaled"] and "SLO" in decode["reason"] and decode["replicas"] == 2
+        assert decode["scaled"] and "SLO" in decode["reason"] and decode["replicas"] == up
         assert ctl.report("router-1", {}) == {"prefill": 1, "decode": 1}
         ctl.actuator.now = {}
         assert ctl.step() is False  # the application is gone

@@ -25,7 +25,9 @@ from splitserve.controller.sim.trace import replay_trace
 from splitserve.config import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
-DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0}
+# scripts/bench_disagg.py's configurations: every prompt remote / the default policy.
+DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0,
+          "disaggregation.spill_to_decode": False, "disaggregation.offload_to_prefill": False}
 COLOCATED = {"mode": "colocated", "pools.decode.replicas": 2}
 CONDITIONAL = {"mode": "disaggregated"}
 
@@ -61,11 +63,12 @@ def test_config_maps_to_the_deployed_pools() -> None:
     assert d.mode == "disaggregated" and dict(d.replicas) == {"prefill": 1, "decode": 1}
     assert d.accelerator == "cpu" and d.shape == tiny_shape()
     assert d.max_seqs == 64 and d.prefill_budget == CPU_PREFILL_TOKEN_BUDGET == 2048
-    assert d.kv_cache_bytes == GIB and d.min_remote_prompt_tokens == 0
+    assert d.kv_cache_bytes == GIB and d.routing.min_remote_prompt_tokens == 0
+    assert not d.routing.spill_to_decode and not d.routing.offload_to_prefill
     assert d.slo.ttft_s == 1.0 and d.slo.tpot_s == 0.1
     c = deployment(**COLOCATED)
     assert c.mode == "colocated" and dict(c.replicas) == {"colocated": 2}
-    assert deployment(**CONDITIONAL).min_remote_prompt_tokens == 128
+    assert deployment(**CONDITIONAL).routing == load_config(None).disaggregation
     with pytest.raises(ValueError, match="needs replicas for"):
         FixedDeployment(tiny_shape(), "cpu", "colocated", {"prefill": 1, "decode": 1})
 
@@ -77,7 +80,8 @@ def test_one_disaggregated_request_costs_prefill_handoff_and_decode_steps(cached
     trace = replay_trace([0.0], [1536], [16], rate=1.0, cached=[cached])
     r = run_fixed(d, trace)
     n = 1536 - cached
-    ttft = c.prefill_s(n, 1, n * n + 2 * n * cached) + c.kv_transfer_s(1536) + c.decode_step_s(1, 1536)
+    ttft = (c.prefill_s(n, 1, n * n + 2 * n * cached) + c.kv_transfer_s(1536)
+            + c.decode_step_s(1, 1536) + c.acc.router_latency_s)
     assert r.completed == 1 and r.failed == 0
     assert r.ttft_p50_s == pytest.approx(ttft, rel=1e-9)
     assert r.tpot_p50_s == pytest.approx(c.decode_step_s(1, 1536), rel=1e-9)
@@ -88,7 +92,9 @@ def test_one_colocated_request_has_no_handoff() -> None:
     d = deployment(**COLOCATED)
     c = d.cost()
     r = run_fixed(d, replay_trace([0.0], [1536], [16], rate=1.0))
-    assert r.ttft_p50_s == pytest.approx(c.prefill_s(1536) + c.decode_step_s(1, 1536), rel=1e-9)
+    # The prefill step samples the first token; 15 decode steps follow.
+    assert r.ttft_p50_s == pytest.approx(c.prefill_s(1536) + c.acc.router_latency_s, rel=1e-9)
+    assert r.tpot_p50_s == pytest.approx(c.decode_step_s(1, 1537), rel=1e-3)
 
 
 def test_prompts_queue_behind_one_prefill_engine_but_not_behind_two() -> None:
@@ -108,10 +114,69 @@ def test_a_tighter_slo_lowers_attainment() -> None:
     assert run_fixed(loose, trace).slo_attainment > run_fixed(tight, trace).slo_attainment
 
 
-def test_conditional_local_prefill_is_refused_not_mispredicted() -> None:
-    with pytest.raises(ValueError, match="does not model"):
-        run_fixed(deployment(**CONDITIONAL), replay_trace([0.0], [100], [8], rate=1.0))
-    assert run_fixed(deployment(**CONDITIONAL), replay_trace([0.0], [128], [8], rate=1.0)).completed == 1
+# --- conditional disaggregation: the router's own policy decides each arrival's path ----------
+
+def conditional(**settings) -> FixedDeployment:
+    return deployment(**CONDITIONAL, **{f"disaggregation.{k}": v for k, v in settings.items()})
+
+
+def test_a_short_prompt_prefills_on_the_decode_replica_like_a_colocated_one() -> None:
+    d = conditional()
+    c = d.cost()
+    r = run_fixed(d, replay_trace([0.0], [100], [8], rate=1.0))  # under min_remote (128)
+    assert r.paths == {"short": 1} and r.completed == 1
+    # No handoff: the decode engine prefills the prompt, then decodes (as colocated).
+    ttft = c.prefill_s(100) + c.acc.router_latency_s
+    assert r.ttft_p50_s == pytest.approx(ttft, rel=1e-9)
+
+
+def test_an_idle_decode_pool_takes_the_prompt_itself_then_the_prefill_pool_does() -> None:
+    c = conditional().cost()
+    alone = run_fixed(conditional(), replay_trace([0.0], [1536], [16], rate=1.0))
+    assert alone.paths == {"spill": 1}  # decode idle: the handoff would only cost time
+    spilled = c.prefill_s(1536) + c.acc.router_latency_s
+    assert alone.ttft_p50_s == pytest.approx(spilled, rel=1e-9)
+    # Two at once: the second sees decode busy with the first prompt and goes remote, so the
+    # two engines prefill in parallel; with spilling off both queue on the prefill engine.
+    trace = replay_trace([0.0, 0.0], [1536, 1536], [16, 16], rate=2.0)
+    r = run_fixed(conditional(offload_to_prefill=False), trace)
+    assert r.paths == {"spill": 1, "remote": 1} and r.completed == 2
+    remote = run_fixed(conditional(spill_to_decode=False, offload_to_prefill=False), trace)
+    assert remote.paths == {"remote": 2} and remote.ttft_p90_s > r.ttft_p90_s
+
+
+def test_a_full_prefill_queue_prefills_locally() -> None:
+    trace = replay_trace([0.0] * 3, [1536] * 3, [4] * 3, rate=3.0)
+    r = run_fixed(conditional(max_prefill_queue=1, spill_to_decode=False,
+                              offload_to_prefill=False), trace)
+    assert r.paths == {"remote": 1, "queue_full": 2} and r.completed == 3
+
+
+def test_offloaded_requests_run_whole_on_the_prefill_replica() -> None:
+    # Many long streams: decode's streams outweigh the idle prefill pool by more than the
+    # margin, so later arrivals run prefill and decode on the prefill replica.
+    n = 12
+    trace = replay_trace(np.arange(n) * 0.01, [128] * n, [256] * n, rate=100.0)
+    on = run_fixed(conditional(), trace)
+    off = run_fixed(conditional(offload_to_prefill=False), trace)
+    assert on.paths.get("offload", 0) > 0 and "offload" not in off.paths
+    assert on.completed == off.completed == n
+    # Two engines decode instead of one: the streams finish sooner.
+    assert on.tpot_p50_s < off.tpot_p50_s
+    # Deterministic: the same seed gives the same run.
+    assert run_fixed(conditional(), trace).paths == on.paths
+
+
+def test_one_offloaded_request_costs_what_a_colocated_one_does() -> None:
+    d = conditional(offload_margin_tokens=0, decode_stream_cost_tokens=64)
+    c = d.cost()
+    # The first request decodes on decode (short); then decode holds one stream (64 tokens of
+    # load) against an idle prefill pool: the second request is offloaded.
+    trace = replay_trace([0.0, 0.5], [100, 100], [400, 8], rate=2.0)
+    r = run_fixed(d, trace)
+    assert r.paths == {"short": 1, "offload": 1} and r.completed == 2
+    alone = c.prefill_s(100) + c.acc.router_latency_s
+    assert r.ttft_p50_s == pytest.approx(alone, rel=1e-9)  # neither waited for the other
 
 
 # --- scripts/sim_vs_measured.py ----------------------------------------------------------------
@@ -159,7 +224,7 @@ def test_script_compares_every_measured_point(tmp_path: Path, capsys) -> None:
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     rows = {(r["config"], r["rate"]): r for r in result["rows"]}
     assert len(rows) == 3
-    assert "does not model" in rows[("conditional", 1.0)]["predicted"]["error"]
+    assert rows[("conditional", 1.0)]["predicted"]["paths"] == {"short": 12}  # 6 x 2 seeds
     first, second = rows[("disagg", 0.5)], rows[("disagg", 1.0)]
     # The first rate's prompts after the 2 warm-up ones are cold; every prompt is warm later.
     assert first["predicted"]["ttft_p90_ms"] > 2 * second["predicted"]["ttft_p90_ms"]
@@ -168,9 +233,9 @@ def test_script_compares_every_measured_point(tmp_path: Path, capsys) -> None:
     assert second["attainment_error_pp"] == pytest.approx(100 * p["attainment"])
     med = result["median_abs_error"]
     assert med["attainment_pp"] == pytest.approx(
-        np.median([abs(first["attainment_error_pp"]), abs(second["attainment_error_pp"])]))
+        np.median([abs(r["attainment_error_pp"]) for r in rows.values()]))
     printed = capsys.readouterr().out
-    assert "| disagg | long | 1 |" in printed and "not modelled" in printed
+    assert "| disagg | long | 1 |" in printed and "| conditional | short | 1 |" in printed
     assert "Median absolute error" in printed
     cold = s.main(["--measured", str(tmp_path), "--out", str(out), "--cold-cache"])
     cold_rows = {(r["config"], r["rate"]): r for r in cold["rows"]}
