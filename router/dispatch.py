@@ -309,7 +309,7 @@ class Dispatcher:
         prefill_req = dataclasses.replace(
             req,
             request_id=f"{req.request_id}-prefill{suffix}",
-            sampling=dataclasses.replace(req.sampling, max_tokens=1, min_tokens=0),
+            sampling=req.sampling.for_prefill(),
             kv_transfer_params=prefill_request_params(),
             avoid_replicas=avoid,
         )
