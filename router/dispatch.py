@@ -28,7 +28,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from splitserve.config import DisaggregationConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
-from splitserve.router.errors import APIError, server_error, unavailable
+from splitserve.router.errors import APIError, bad_request, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 from splitserve.router.retry import (
@@ -36,6 +36,7 @@ from splitserve.router.retry import (
     continuation,
     failed_replica,
     migrate_decode,
+    rejection,
     retry_prefill,
 )
 from splitserve.router.signals import SignalRecorder
@@ -341,5 +342,9 @@ def _worker_error(request_id: str, err: Exception) -> APIError:
 
     if isinstance(err, (BackPressureError, DeploymentUnavailableError)):
         return unavailable(f"No worker can take the request now ({type(err).__name__}).")
+    rejected = rejection(err)
+    if rejected is not None:
+        return bad_request(f"The engine rejected the request: {rejected.message}",
+                           param=rejected.param)
     log.exception("request %s failed in a worker", request_id)
     return server_error()

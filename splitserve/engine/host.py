@@ -25,6 +25,7 @@ from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
     GenerateRequest,
+    RequestRejected,
     Sampling,
     TokenLogprob,
     WorkerError,
@@ -214,6 +215,12 @@ class EngineHost:
                     logprobs=logprobs,
                 )
         except Exception as err:  # noqa: BLE001 - cancellation (BaseException) passes through
+            from vllm.exceptions import VLLMClientError
+
+            if isinstance(err, VLLMClientError):
+                raise RequestRejected(
+                    self.replica_id, str(err), getattr(err, "parameter", None)
+                ) from None
             raise WorkerError(self.replica_id, f"{type(err).__name__}: {err}") from None
 
     async def _inject_faults(self, req: GenerateRequest) -> None:

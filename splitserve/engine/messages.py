@@ -128,3 +128,14 @@ class WorkerError(RuntimeError):
 
     def __str__(self) -> str:
         return f"{self.message} (replica {self.replica})"
+
+
+class RequestRejected(WorkerError):
+    """The engine refused the request as invalid (a vLLM client error, e.g. a grammar or schema
+    its structured-output compiler does not accept): the client's 400, never retried elsewhere.
+    `param`: the request parameter vLLM names, if any."""
+
+    def __init__(self, replica: str, message: str, param: str | None = None) -> None:
+        super().__init__(replica, message)
+        self.param = param
+        self.args = (replica, message, param)  # so that it pickles across Ray
