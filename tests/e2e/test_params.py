@@ -54,6 +54,7 @@ WEATHER = {
         },
     },
 }
+BIAS_TOKENS = (300, 301)  # ordinary BPE merges (not special, not single bytes)
 CLOCK = {"type": "function", "function": {"name": "get_time"}}
 # Every prompt is over THRESHOLD tokens, so that every disaggregated request prefills remotely.
 CONTEXT = "A serving platform takes requests from many tenants and answers each one. " * 12
@@ -72,7 +73,7 @@ async def _json_requests(client: openai.AsyncOpenAI) -> list[Any]:
 
     async def one(i: int) -> Any:
         r = await client.chat.completions.create(
-            model=MODEL, messages=_chat(i), max_tokens=48, seed=i, response_format=fmt
+            model=MODEL, messages=_chat(i), max_tokens=64, seed=i, response_format=fmt
         )
         return r.choices[0].message.content, r.choices[0].finish_reason
 
@@ -85,10 +86,10 @@ async def _structured_extras(client: openai.AsyncOpenAI) -> dict[str, Any]:
                                             temperature=0, **kw)
         return r.choices[0].text
 
-    async def chat(**kw: Any) -> str:
-        r = await client.chat.completions.create(model=MODEL, messages=_chat(2), max_tokens=40,
+    async def chat(**kw: Any) -> tuple[str, str]:
+        r = await client.chat.completions.create(model=MODEL, messages=_chat(2), max_tokens=64,
                                                  temperature=0, **kw)
-        return r.choices[0].message.content
+        return r.choices[0].message.content, r.choices[0].finish_reason
 
     names = ("choice", "regex", "json_object")
     results = await asyncio.gather(
@@ -102,16 +103,16 @@ async def _structured_extras(client: openai.AsyncOpenAI) -> dict[str, Any]:
 async def _tools(client: openai.AsyncOpenAI) -> dict[str, Any]:
     messages = [{"role": "user", "content": _prompt(3) + " What is the weather in Oslo?"}]
 
-    async def call(**kw: Any) -> Any:
+    async def call(max_tokens: int = 128, **kw: Any) -> Any:
         r = await client.chat.completions.create(
-            model=MODEL, messages=messages, tools=[WEATHER, CLOCK], max_tokens=48,
+            model=MODEL, messages=messages, tools=[WEATHER, CLOCK], max_tokens=max_tokens,
             temperature=0, **kw,
         )
         return r.model_dump()["choices"][0]
 
     async def streamed() -> Any:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=messages, tools=[WEATHER, CLOCK], max_tokens=48,
+            model=MODEL, messages=messages, tools=[WEATHER, CLOCK], max_tokens=128,
             temperature=0, stream=True,
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
         )
@@ -121,7 +122,8 @@ async def _tools(client: openai.AsyncOpenAI) -> dict[str, Any]:
     named = {"type": "function", "function": {"name": "get_weather"}}
     keys = ("named", "required", "single", "auto", "streamed")
     results = await asyncio.gather(
-        call(tool_choice=named), call(tool_choice="required"),
+        # parallel calls: the random model decides how many, so leave room for several
+        call(tool_choice=named), call(tool_choice="required", max_tokens=512),
         call(tool_choice="required", parallel_tool_calls=False), call(), streamed(),
     )
     return dict(zip(keys, results, strict=True))
@@ -145,6 +147,7 @@ async def _params(client: openai.AsyncOpenAI, tok) -> dict[str, Any]:
     greedy = await complete(temperature=0, max_tokens=24)
     text, ids = greedy["choices"][0]["text"], greedy["choices"][0]["token_ids"]
     stop = text[8:11]
+    bias_token = BIAS_TOKENS[0] if ids[0] != BIAS_TOKENS[0] else BIAS_TOKENS[1]
     out: dict[str, Any] = {"greedy": greedy, "stop_string": stop}
     tasks = {
         "seed": complete(temperature=1.0, seed=1234),
@@ -156,14 +159,14 @@ async def _params(client: openai.AsyncOpenAI, tok) -> dict[str, Any]:
         "logprobs_completion": complete(temperature=0, max_tokens=8, logprobs=2),
         "penalties": complete(temperature=0, max_tokens=24, presence_penalty=1.5,
                               frequency_penalty=2.0),
-        "bias_up": complete(temperature=0, max_tokens=6, logit_bias={str(ids[0] ^ 1): 100}),
+        "bias_up": complete(temperature=0, max_tokens=6, logit_bias={str(bias_token): 100}),
         "bias_down": complete(temperature=0, max_tokens=6, logit_bias={str(ids[0]): -100}),
         "user": complete(temperature=0, max_tokens=24, user="tenant-user-42"),
         "max_completion_tokens": chat(temperature=0, max_completion_tokens=5, max_tokens=50),
     }
     values = await asyncio.gather(*tasks.values())
     out.update(dict(zip(tasks, values, strict=True)))
-    out["bias_token"] = ids[0] ^ 1
+    out["bias_token"] = bias_token
     out["unsupported"] = {}
     for param, kw in (("best_of", {"best_of": 2}), ("echo", {"echo": True})):
         try:
@@ -233,8 +236,7 @@ def test_every_disaggregated_request_prefilled_remotely(results) -> None:
 def test_json_schema_requests_all_match_the_schema(results, mode) -> None:
     answers = results[mode]["json"]
     assert len(answers) == STRUCTURED_REQUESTS
-    for content, finish in answers:
-        assert finish == "stop", content
+    for content, _ in answers:
         jsonschema.validate(json.loads(content), SCHEMA)
 
 
@@ -242,8 +244,14 @@ def test_json_schema_requests_all_match_the_schema(results, mode) -> None:
 def test_choice_regex_and_json_object(results, mode) -> None:
     got = results[mode]["structured"]
     assert got["choice"] in ("alpha", "beta", "gamma")
-    assert len(got["regex"]) == 6 and got["regex"][3] == "-" and got["regex"][4:].isdigit()
-    assert isinstance(json.loads(got["json_object"]), dict)
+    regex, _ = got["regex"]
+    assert len(regex) == 6 and regex[3] == "-" and regex[4:].isdigit()
+    # Any object: nothing bounds its length, so the random model may still be inside it at
+    # max_tokens; a finished one must parse.
+    content, finish = got["json_object"]
+    assert content.startswith("{")
+    if finish == "stop":
+        assert isinstance(json.loads(content), dict)
 
 
 def test_structured_output_is_the_same_in_both_modes(results) -> None:
