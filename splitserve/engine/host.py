@@ -20,7 +20,7 @@ import ray
 from ray import serve
 
 from splitserve.engine import faults
-from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
+from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec, engine_env, engine_kwargs
 from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
@@ -165,7 +165,10 @@ class EngineHost:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm.config import StructuredOutputsConfig
+
         kwargs = engine_kwargs(self.spec, model_path)
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**STRUCTURED_OUTPUTS)
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s)

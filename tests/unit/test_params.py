@@ -239,3 +239,12 @@ def test_earlier_tool_calls_and_results_are_rendered(prompts) -> None:
     prompt = prompts.tokenizer.decode(p.generate.prompt_token_ids)
     assert '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>' in prompt
     assert "sunny" in prompt
+
+
+def test_engines_produce_compact_json() -> None:
+    from vllm.config import StructuredOutputsConfig
+
+    from splitserve.engine.args import STRUCTURED_OUTPUTS
+
+    cfg = StructuredOutputsConfig(**STRUCTURED_OUTPUTS)
+    assert cfg.disable_any_whitespace and cfg.backend == "xgrammar"
