@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from splitserve.config import SplitserveConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.models import resolve_model_path
+from splitserve.router.choices import choice_requests, merge_choices
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
@@ -271,25 +272,36 @@ class Router:
             prompt_tokens=len(gen_req.prompt_token_ids),
             include_usage=req.include_usage,
             return_token_ids=req.return_token_ids,
+            n=prepared.n,
+            logprobs=gen_req.sampling.logprobs is not None,
+            tools=prepared.tools,
         )
         trace.describe(request=gen_req, stream=req.stream)
         timeout_s = request_timeout(
             self.cfg.router.request_timeout_s, request.headers.get(TIMEOUT_HEADER)
         )
         chunks = trace.stream(
-            within_deadline(self._generate(tenant, gen_req, trace.context), timeout_s)
+            within_deadline(
+                self._generate(tenant, gen_req, trace.context, n=prepared.n), timeout_s
+            )
         )
         if req.stream:
             return await self._stream(chunks, renderer)
         return await self._whole(chunks, renderer)
 
     async def _generate(
-        self, tenant: Tenant, gen_req: GenerateRequest, trace_context: Context | None = None
+        self, tenant: Tenant, gen_req: GenerateRequest, trace_context: Context | None = None,
+        *, n: int = 1,
     ) -> AsyncIterator[GenerateChunk]:
-        """The request's chunks inside its tenant's quota reservation (settled on close)."""
-        prompt, limit = len(gen_req.prompt_token_ids), gen_req.sampling.max_tokens
+        """The request's chunks (of all `n` choices) inside its tenant's quota reservation
+        (settled on close)."""
+        prompt, limit = len(gen_req.prompt_token_ids), gen_req.sampling.max_tokens * n
         async with self.tenancy.request(tenant, prompt_tokens=prompt, max_tokens=limit) as usage:
-            async for chunk in self.dispatcher.stream(gen_req, tenant, trace_context):
+            streams = [
+                self.dispatcher.stream(r, tenant, trace_context)
+                for r in choice_requests(gen_req, n)
+            ]
+            async for chunk in merge_choices(streams):
                 usage.add_output(len(chunk.token_ids))
                 yield chunk
 

@@ -29,7 +29,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from splitserve.config import DisaggregationConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
-from splitserve.router.errors import APIError, server_error, unavailable
+from splitserve.router.errors import APIError, bad_request, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 from splitserve.router.retry import (
@@ -37,6 +37,7 @@ from splitserve.router.retry import (
     continuation,
     failed_replica,
     migrate_decode,
+    rejection,
     retry_prefill,
 )
 from splitserve.router.signals import SignalRecorder
@@ -349,7 +350,7 @@ class Dispatcher:
         prefill_req = dataclasses.replace(
             req,
             request_id=f"{req.request_id}-prefill{suffix}",
-            sampling=dataclasses.replace(req.sampling, max_tokens=1, min_tokens=0),
+            sampling=req.sampling.for_prefill(),
             kv_transfer_params=prefill_request_params(),
             avoid_replicas=avoid,
         )
@@ -381,5 +382,9 @@ def _worker_error(request_id: str, err: Exception) -> APIError:
 
     if isinstance(err, (BackPressureError, DeploymentUnavailableError)):
         return unavailable(f"No worker can take the request now ({type(err).__name__}).")
+    rejected = rejection(err)
+    if rejected is not None:
+        return bad_request(f"The engine rejected the request: {rejected.message}",
+                           param=rejected.param)
     log.exception("request %s failed in a worker", request_id)
     return server_error()

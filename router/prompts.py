@@ -48,12 +48,26 @@ class PromptBuilder:
             code="unsupported_parameter",
         )
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat conversation with the generation prompt appended."""
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are `0 .. vocab_size - 1`."""
+        return len(self.tokenizer)
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders `tools` itself (else the router describes them)."""
+        template = self.tokenizer.chat_template
+        return isinstance(template, str) and "tools" in template
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of a chat conversation with the generation prompt appended; `tools`
+        (OpenAI `tools` entries) are passed to a template that `renders_tools`."""
         if self.tokenizer.chat_template is None:
             raise bad_request("This model has no chat template; use /v1/completions.")
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
         )
         return list(ids)
 

@@ -3,7 +3,8 @@
 The models follow the public OpenAI spec (`/completions`, `/chat/completions`). Unknown fields
 are rejected as OpenAI rejects them; fields of the spec that splitserve does not implement yet are
 accepted only at their default value, otherwise the request gets a 400 naming the parameter (never
-silently ignored). `top_k`, `min_tokens` and `ignore_eos` are vLLM extensions (`extra_body`).
+silently ignored). `top_k`, `min_tokens`, `ignore_eos`, `return_token_ids`, `cache_salt` and
+`structured_outputs` are vLLM extensions (`extra_body`); so is `response_format` on completions.
 """
 
 from __future__ import annotations
@@ -11,24 +12,24 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from splitserve.router.errors import APIError, bad_request
 
 # Spec fields accepted only at these values (None: absent). Issue-tracked work adds support.
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
-    "n": 1,
     "best_of": 1,
     "echo": False,
     "suffix": None,
-    "logprobs": None,
-    "top_logprobs": None,
-    "logit_bias": None,
-    "tools": None,
-    "tool_choice": None,
     "functions": None,
     "function_call": None,
-    "response_format": None,
     "audio": None,
     "modalities": None,
     "prediction": None,
@@ -47,6 +48,97 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
     include_obfuscation: bool | None = None
+
+
+# Each choice of `n` is an engine request of its own (fanned out by the router).
+MAX_N = 16
+MAX_LOGIT_BIAS = 300  # entries; OpenAI's own limit
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JSONSchemaFormat(_Strict):
+    """`response_format.json_schema`: a named JSON schema the output must match."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """`response_format`: plain text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("'json_schema' is required when type is 'json_schema'")
+        return self
+
+
+class StructuredOutputs(_Strict):
+    """`structured_outputs` (vLLM extension): exactly one constraint on the output."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: Literal[True] | None = None
+    regex: str | None = Field(None, min_length=1)
+    choice: list[str] | None = Field(None, min_length=1, max_length=256)
+    grammar: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [k for k in ("json_", "json_object", "regex", "choice", "grammar")
+                 if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("exactly one of json, json_object, regex, choice, grammar is required")
+        return self
+
+
+class FunctionDefinition(_Strict):
+    """A function the model may call."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    """One entry of `tools` (only function tools)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """`tool_choice` forcing one function."""
+
+    type: Literal["function"]
+    function: _FunctionName
+
+
+class _CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    """A call in an earlier assistant message."""
+
+    id: str
+    type: Literal["function"]
+    function: _CalledFunction
 
 
 class _Common(BaseModel):
@@ -70,10 +162,20 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     return_token_ids: bool = False
     cache_salt: str | None = Field(None, max_length=256)  # namespaced under the tenant
-    # spec fields supported only at their defaults (see _UNSUPPORTED_DEFAULTS)
-    n: int | None = Field(1, ge=1, le=128)
-    logprobs: Any = None
-    logit_bias: Any = None
+    structured_outputs: StructuredOutputs | None = None
+    response_format: ResponseFormat | None = None
+    n: int | None = Field(1, ge=1, le=MAX_N)
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_entries(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be between -100 and 100, got {bias}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -84,6 +186,10 @@ class _Common(BaseModel):
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
         return v
+
+    def choices(self) -> int:
+        """How many choices (`n`; null means 1)."""
+        return self.n or 1
 
     def stops(self) -> tuple[str, ...]:
         """Stop sequences as a tuple."""
@@ -105,6 +211,11 @@ class CompletionRequest(_Common):
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = Field(1, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token to return (None: no logprobs)."""
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -114,6 +225,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -138,13 +251,13 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    top_logprobs: int | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: Any = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
@@ -164,6 +277,10 @@ class ChatCompletionRequest(_Common):
         """`max_completion_tokens` wins over the deprecated `max_tokens`."""
         return self.max_completion_tokens or self.max_tokens
 
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token to return (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 def _check_supported(req: BaseModel) -> None:
     for name, default in _UNSUPPORTED_DEFAULTS.items():
@@ -171,10 +288,6 @@ def _check_supported(req: BaseModel) -> None:
             continue
         value = getattr(req, name)
         if value is None or value == default:
-            continue
-        if name == "response_format" and value == {"type": "text"}:
-            continue
-        if (name == "logprobs" and value is False) or (name == "logit_bias" and value == {}):
             continue
         if name == "modalities" and value == ["text"]:
             continue
@@ -189,7 +302,9 @@ def _param_name(loc: tuple[Any, ...]) -> str | None:
     """`messages[0].content` from a pydantic location, without union-member names like `str`."""
     fields = {
         name
-        for m in (CompletionRequest, ChatCompletionRequest, ChatMessage, StreamOptions)
+        for m in (CompletionRequest, ChatCompletionRequest, ChatMessage, StreamOptions,
+                  ResponseFormat, JSONSchemaFormat, StructuredOutputs, Tool, FunctionDefinition,
+                  NamedToolChoice, ToolCall)
         for name in m.model_fields
     }
     out = ""
@@ -235,4 +350,42 @@ def parse_request(body: bytes, model: type[T]) -> T:
     except ValidationError as err:
         raise _validation_error(err) from None
     _check_supported(req)
+    _check_combinations(req)
     return req
+
+
+def _check_combinations(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """Cross-field rules OpenAI enforces (and one output constraint at a time)."""
+    constrained = [
+        name for name, on in (
+            ("response_format", req.response_format is not None
+             and req.response_format.type != "text"),
+            ("structured_outputs", req.structured_outputs is not None),
+        ) if on
+    ]
+    if not isinstance(req, ChatCompletionRequest):
+        if len(constrained) > 1:
+            raise _conflict(constrained[1], constrained[0])
+        return
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    choice = req.tool_choice
+    if choice is not None and not req.tools:
+        raise bad_request("'tool_choice' is only allowed when 'tools' are specified.",
+                          param="tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        names = {t.function.name for t in req.tools or ()}
+        if choice.function.name not in names:
+            raise bad_request(f"tool_choice names function {choice.function.name!r}, which is "
+                              "not in 'tools'.", param="tool_choice")
+    if req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        constrained.append("tool_choice")
+    if len(constrained) > 1:
+        raise _conflict(constrained[1], constrained[0])
+
+
+def _conflict(param: str, other: str) -> APIError:
+    return bad_request(
+        f"'{param}' cannot be combined with '{other}': the output can follow one constraint.",
+        param=param, code="invalid_value",
+    )

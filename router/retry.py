@@ -19,11 +19,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
-from splitserve.engine.messages import GenerateRequest
+from splitserve.engine.messages import GenerateRequest, RequestRejected
 
 from splitserve.kv_transfer.handoff import HandoffError
 
-FailureKind = Literal["replica", "timeout", "handoff", "overload"]
+FailureKind = Literal["replica", "timeout", "handoff", "overload", "rejected"]
 
 # A retry with less time than this left would only time out: prefill locally at once.
 MIN_ATTEMPT_S = 0.05
@@ -38,15 +38,26 @@ def classify(err: BaseException) -> FailureKind:
     - overload: the pool refused the request (queues full, no replica): retrying adds load;
     - timeout: the attempt ran past the prefill deadline;
     - handoff: the prefill ran but returned no usable KV handoff;
+    - rejected: the engine refused the request as invalid (any replica would);
     - replica: anything else (engine error, replica crashed or was killed).
     """
     if type(err).__name__ in _OVERLOAD:
         return "overload"
+    if rejection(err) is not None:
+        return "rejected"
     if isinstance(err, TimeoutError):
         return "timeout"
     if isinstance(err, HandoffError):
         return "handoff"
     return "replica"
+
+
+def rejection(err: BaseException) -> RequestRejected | None:
+    """The engine's rejection of an invalid request in `err` (also through Ray's wrapper)."""
+    for e in (err, getattr(err, "cause", None)):
+        if isinstance(e, RequestRejected):
+            return e
+    return None
 
 
 def failed_replica(err: BaseException) -> str | None:
@@ -64,7 +75,7 @@ def retry_prefill(*, kind: FailureKind, attempt: int, attempts: int, time_left_s
     No after an overload (the decode worker's own prefill is the faster path), after the last
     allowed try, or when the deadline leaves no time for another.
     """
-    if kind in ("overload", "timeout"):
+    if kind in ("overload", "timeout", "rejected"):
         return False
     return attempt < attempts and time_left_s > MIN_ATTEMPT_S
 
@@ -72,10 +83,10 @@ def retry_prefill(*, kind: FailureKind, attempt: int, attempts: int, time_left_s
 def migrate_decode(*, kind: FailureKind, migrations: int, max_migrations: int) -> bool:
     """After a decode failure: continue the request on another decode replica?
 
-    Not when the pool refused it (no replica can take it: moving it would fail the same way), and
-    not past `max_migrations`.
+    Not when the pool refused it (no replica can take it: moving it would fail the same way), nor
+    when the engine rejected the request as invalid, and not past `max_migrations`.
     """
-    return kind != "overload" and migrations < max_migrations
+    return kind not in ("overload", "rejected") and migrations < max_migrations
 
 
 def continuation(

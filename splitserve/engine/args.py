@@ -13,6 +13,13 @@ from splitserve.config import FaultsConfig, SplitserveConfig
 
 Role = Literal["prefill", "decode"]
 
+# vLLM `StructuredOutputsConfig` of every engine. Compact JSON: with free whitespace the grammar
+# lets a model put any run of spaces, tabs and newlines between JSON tokens, and a weak model
+# (the tiny one always, a real one sometimes) fills `max_tokens` with it and returns truncated
+# JSON. vLLM allows compact JSON only with a fixed backend: xgrammar, its default choice; a
+# schema feature xgrammar cannot compile is then the client's 400 instead of a fallback.
+STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "xgrammar", "disable_any_whitespace": True}
+
 
 @dataclass(frozen=True)
 class EngineSpec:

@@ -20,12 +20,14 @@ import ray
 from ray import serve
 
 from splitserve.engine import faults
-from splitserve.engine.args import EngineSpec, engine_env, engine_kwargs
+from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec, engine_env, engine_kwargs
 from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
     GenerateRequest,
+    RequestRejected,
     Sampling,
+    TokenLogprob,
     WorkerError,
 )
 from splitserve.engine.stats import LatestStats
@@ -51,8 +53,18 @@ def _replica_name() -> tuple[str, str | None]:
 def to_sampling_params(s: Sampling):  # -> vllm.SamplingParams
     """Map our validated sampling onto vLLM's, streaming deltas."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+    structured = None
+    if s.structured is not None:
+        c = s.structured
+        structured = StructuredOutputsParams(
+            json=c.json,
+            json_object=c.json_object or None,
+            regex=c.regex,
+            choice=list(c.choice) if c.choice is not None else None,
+            grammar=c.grammar,
+        )
     return SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature,
@@ -64,8 +76,30 @@ def to_sampling_params(s: Sampling):  # -> vllm.SamplingParams
         frequency_penalty=s.frequency_penalty,
         min_tokens=s.min_tokens,
         ignore_eos=s.ignore_eos,
+        logprobs=s.logprobs,
+        logit_bias=dict(s.logit_bias) or None,
+        structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def token_logprobs(token_ids, logprobs, top: int) -> tuple[TokenLogprob, ...]:
+    """Our per-token logprobs from vLLM's (one {token id: Logprob} mapping per new token, with
+    the sampled token and the `top` most likely ones, ranked from 1)."""
+    out = []
+    for token_id, candidates in zip(token_ids, logprobs, strict=True):
+        chosen = candidates[token_id]
+        ranked = sorted(
+            (lp for lp in candidates.values() if lp.rank is not None and lp.rank <= top),
+            key=lambda lp: lp.rank,
+        )
+        out.append(TokenLogprob(
+            token_id=token_id,
+            token=chosen.decoded_token or "",
+            logprob=float(chosen.logprob),
+            top=tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked[:top]),
+        ))
+    return tuple(out)
 
 
 def kv_block_bytes(vllm_config) -> int:
@@ -131,7 +165,10 @@ class EngineHost:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm.config import StructuredOutputsConfig
+
         kwargs = engine_kwargs(self.spec, model_path)
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**STRUCTURED_OUTPUTS)
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s)
@@ -166,6 +203,9 @@ class EngineHost:
             pulled = _remote_blocks(kv_params) * self.kv_block_bytes
             async for out in self.engine.generate(prompt, params, request_id=req.request_id):
                 comp = out.outputs[0]
+                logprobs = None
+                if req.sampling.logprobs is not None and comp.logprobs:
+                    logprobs = token_logprobs(comp.token_ids, comp.logprobs, req.sampling.logprobs)
                 yield GenerateChunk(
                     token_ids=tuple(comp.token_ids),
                     text=comp.text,
@@ -175,8 +215,15 @@ class EngineHost:
                     replica=self._holder,
                     kv_bytes=pulled if out.finished else 0,
                     kv_transfer_params=out.kv_transfer_params if out.finished else None,
+                    logprobs=logprobs,
                 )
         except Exception as err:  # noqa: BLE001 - cancellation (BaseException) passes through
+            from vllm.exceptions import VLLMClientError
+
+            if isinstance(err, VLLMClientError):
+                raise RequestRejected(
+                    self.replica_id, str(err), getattr(err, "parameter", None)
+                ) from None
             raise WorkerError(self.replica_id, f"{type(err).__name__}: {err}") from None
 
     async def _inject_faults(self, req: GenerateRequest) -> None:

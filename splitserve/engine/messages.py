@@ -6,13 +6,34 @@ process boundaries through Ray's serializer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint every output token must keep (exactly one field set), enforced by the engine
+    that samples the tokens: the decode engine, which samples the first token too (a remote
+    prefill's own token is discarded).
+
+    `json`: a JSON schema (serialized); `json_object`: any JSON object; `regex`, `choice`
+    (one of these strings), `grammar` (EBNF or Lark, vLLM's grammar syntax).
+    """
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+
+@dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters the router validated; the worker maps them onto vLLM's."""
+    """Sampling parameters the router validated; the worker maps them onto vLLM's.
+
+    `logprobs`: return the sampled token's log-probability and this many top alternatives per
+    token (None: no logprobs). `logit_bias`: (token id, bias) pairs added to the logits.
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -24,6 +45,15 @@ class Sampling:
     frequency_penalty: float = 0.0
     min_tokens: int = 0
     ignore_eos: bool = False
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredOutput | None = None
+
+    def for_prefill(self) -> Sampling:
+        """The remote prefill step's sampling: one token, which the router discards (the decode
+        engine recomputes the last prompt position and samples every output token itself), so
+        no output constraint and no logprobs are asked of the prefill engine."""
+        return replace(self, max_tokens=1, min_tokens=0, logprobs=None, structured=None)
 
 
 @dataclass(frozen=True)
@@ -36,6 +66,17 @@ class GenerateRequest:
     kv_transfer_params: dict[str, Any] | None = None
     cache_salt: str | None = None  # scopes prefix caching (derived from the tenant)
     avoid_replicas: tuple[str, ...] = ()  # replica ids that failed this request (retries)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability and its top alternatives ((token, logprob) pairs,
+    most likely first); `token` is the token's text as the tokenizer decodes it alone."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +95,8 @@ class GenerateChunk:
     kv_transfer_params: dict[str, Any] | None = None
     replica: str = ""  # the worker replica that produced it (debugging, routing tests)
     kv_bytes: int = 0  # last chunk of a remote-prefill request: KV bytes pulled over NIXL
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id (when asked for)
+    index: int = 0  # the choice this chunk belongs to (requests with n > 1)
 
 
 @dataclass(frozen=True)
@@ -85,3 +128,14 @@ class WorkerError(RuntimeError):
 
     def __str__(self) -> str:
         return f"{self.message} (replica {self.replica})"
+
+
+class RequestRejected(WorkerError):
+    """The engine refused the request as invalid (a vLLM client error, e.g. a grammar or schema
+    its structured-output compiler does not accept): the client's 400, never retried elsewhere.
+    `param`: the request parameter vLLM names, if any."""
+
+    def __init__(self, replica: str, message: str, param: str | None = None) -> None:
+        super().__init__(replica, message)
+        self.param = param
+        self.args = (replica, message, param)  # so that it pickles across Ray

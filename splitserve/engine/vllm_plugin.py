@@ -10,12 +10,24 @@ then polls with a zero timeout and spins: measured here, an idle agent holds 86 
 in every engine worker, on the core that the worker computes on. With a delay, the thread
 waits in `epoll` (it still wakes on every socket event) and an idle agent uses 2 %. vLLM gives
 no setting for it, so the plugin substitutes `PROGRESS_DELAY_US` for a zero delay.
+
+Second: seeded sampling on the CPU (`seed` in a request). When a prompt's prefill is split over
+engine steps (chunked prefill: several long prompts at once), the token sampled at the end of a
+partial step is discarded, and vLLM rewinds the request's generator with
+`Generator.set_offset`, which only CUDA's Philox generator has: on the CPU it raises
+"CPU Generator does not use offset" and the engine dies, taking every request with it. The
+plugin makes the CPU model runner save those generators' state before sampling and restore it
+after (the same rewind), and hides them from the CUDA-only rewind (`patch_cpu_seeded_sampling`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("splitserve.engine")
@@ -83,6 +95,88 @@ def patch_nixl_progress_delay() -> bool:
     return True
 
 
+CPU_MODEL_RUNNER = "vllm.v1.worker.cpu_model_runner"
+
+
+@contextlib.contextmanager
+def _discarded_generators(runner: Any, *, restore_state: bool) -> Iterator[None]:
+    """Around sampling (`restore_state`): put back the state of the generators of requests whose
+    sampled token this step discards. Around bookkeeping: hide them from the offset rewind."""
+    n = runner.input_batch.num_reqs
+    gens = runner.input_batch.generators
+    discarded = [int(i) for i in runner.discard_request_mask.np[:n].nonzero()[0] if int(i) in gens]
+    if restore_state:
+        saved = {i: gens[i].get_state() for i in discarded}
+        try:
+            yield
+        finally:
+            for i, state in saved.items():
+                gens[i].set_state(state)
+        return
+    hidden = {i: gens.pop(i) for i in discarded}
+    try:
+        yield
+    finally:
+        gens.update(hidden)
+
+
+def _patch_cpu_runner(module: Any) -> None:
+    cls = module.CPUModelRunner
+    if getattr(cls, "splitserve_seed_patch", False):
+        return
+    sample, bookkeeping = cls._sample, cls._bookkeeping_sync
+
+    def _sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _discarded_generators(self, restore_state=True):
+            return sample(self, *args, **kwargs)
+
+    def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _discarded_generators(self, restore_state=False):
+            return bookkeeping(self, *args, **kwargs)
+
+    cls._sample, cls._bookkeeping_sync = _sample, _bookkeeping_sync
+    cls.splitserve_seed_patch = True
+    log.debug("CPU model runner: seeded generators rewound by state, not offset")
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `fn(module)` right after `name` is first imported (importing it from the plugin
+    itself could be circular: vLLM loads plugins while its model registry imports)."""
+
+    def __init__(self, name: str, fn: Callable[[Any], None]) -> None:
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, fn = spec.loader.exec_module, self.fn
+
+        def exec_then_patch(module: Any) -> None:
+            exec_module(module)
+            fn(module)
+
+        spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        return spec
+
+
+def patch_cpu_seeded_sampling() -> None:
+    """Install the seeded-sampling fix on the CPU model runner (now or when it is imported)."""
+    module = sys.modules.get(CPU_MODEL_RUNNER)
+    if module is not None:
+        _patch_cpu_runner(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == CPU_MODEL_RUNNER
+                 for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(CPU_MODEL_RUNNER, _patch_cpu_runner))
+
+
 def register() -> None:
     """vLLM general-plugin entry point: runs in every vLLM process, possibly several times."""
     patch_nixl_progress_delay()
+    patch_cpu_seeded_sampling()

@@ -260,10 +260,8 @@ def test_unknown_parameter_is_400(client):
 
 def test_unsupported_parameter_is_400_not_ignored(client):
     with pytest.raises(openai.BadRequestError) as exc:
-        client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2
-        )
-    _assert_error(exc.value, 400, "n", "unsupported_parameter")
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, best_of=2)
+    _assert_error(exc.value, 400, "best_of", "unsupported_parameter")
 
 
 def test_unknown_route_is_openai_404(deployment):

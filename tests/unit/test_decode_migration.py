@@ -11,7 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from splitserve.config import parse_config
-from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling, WorkerError
+from splitserve.engine.messages import (
+    GenerateChunk,
+    GenerateRequest,
+    RequestRejected,
+    Sampling,
+    WorkerError,
+)
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError
 from splitserve.router.metrics import RouterMetrics
@@ -160,4 +166,13 @@ def test_migrations_off():
     decode = _Decode([("r1", [10], None, ActorDied("x"))])
     with pytest.raises(APIError):
         _run(decode, migrations=0)
+    assert len(decode.requests) == 1
+
+
+def test_an_engine_rejection_is_the_clients_400_and_never_migrates():
+    rejected = RequestRejected("r1", "grammar does not compile", "structured_outputs")
+    decode = _Decode([("r1", [], None, rejected), ("r2", [10], "length", None)])
+    with pytest.raises(APIError) as info:
+        _run(decode, migrations=1)
+    assert (info.value.status, info.value.param) == (400, "structured_outputs")
     assert len(decode.requests) == 1

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from splitserve.router.errors import APIError
-from splitserve.router.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from splitserve.router.protocol import (
+    MAX_N,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -100,21 +105,21 @@ def test_temperature_out_of_range() -> None:
     assert e.message.startswith("Invalid value for 'temperature':")
 
 
-def test_n_greater_than_one_unsupported() -> None:
-    e = _err(_body(model="m", prompt="x", n=2))
-    assert e.param == "n"
-    assert e.code == "unsupported_parameter"
-    assert e.message == "Parameter 'n' is not supported by this server (value 2)."
+def test_n_up_to_max_accepted() -> None:
+    assert parse_request(_body(model="m", prompt="x", n=4), CompletionRequest).choices() == 4
+    e = _err(_body(model="m", prompt="x", n=MAX_N + 1))
+    assert (e.param, e.code) == ("n", "invalid_value")
 
 
 def test_n_at_default_accepted() -> None:
     assert parse_request(_body(model="m", prompt="x", n=1), CompletionRequest).n == 1
+    assert parse_request(_body(model="m", prompt="x", n=None), CompletionRequest).choices() == 1
 
 
-def test_tools_on_chat_unsupported() -> None:
+def test_tools_on_chat_accepted() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    e = _err(_body(model="m", messages=MSGS, tools=tools), ChatCompletionRequest)
-    assert (e.param, e.code) == ("tools", "unsupported_parameter")
+    req = parse_request(_body(model="m", messages=MSGS, tools=tools), ChatCompletionRequest)
+    assert req.tools[0].function.name == "f"
 
 
 def test_tools_on_completion_is_unknown_field() -> None:
@@ -126,12 +131,21 @@ def test_response_format_text_accepted() -> None:
     req = parse_request(
         _body(model="m", messages=MSGS, response_format={"type": "text"}), ChatCompletionRequest
     )
-    assert req.response_format == {"type": "text"}
+    assert req.response_format.type == "text"
 
 
-def test_response_format_json_rejected() -> None:
-    e = _err(_body(model="m", messages=MSGS, response_format={"type": "json_object"}), ChatCompletionRequest)
-    assert (e.param, e.code) == ("response_format", "unsupported_parameter")
+def test_response_format_json_accepted() -> None:
+    req = parse_request(
+        _body(model="m", messages=MSGS, response_format={"type": "json_object"}),
+        ChatCompletionRequest,
+    )
+    assert req.response_format.type == "json_object"
+
+
+def test_functions_rejected_as_unsupported() -> None:
+    body = _body(model="m", messages=MSGS, functions=[{"name": "f"}])
+    e = _err(body, ChatCompletionRequest)
+    assert (e.param, e.code) == ("functions", "unsupported_parameter")
 
 
 def test_echo_true_rejected() -> None:

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from splitserve.engine.messages import GenerateChunk
+from splitserve.engine.messages import GenerateChunk, TokenLogprob
 from splitserve.router.responses import SSE_DONE, Renderer, sse
+from splitserve.router.tools import ToolSpec
 
 CHUNKS = [
     GenerateChunk(token_ids=(10, 11), text="Hel"),
@@ -172,3 +173,71 @@ def test_chat_finish_only_chunk_is_single_event() -> None:
     r.add(fin)
     (event,) = _parse(r.chunk_events(fin))
     assert event["choices"][0] == {"index": 0, "logprobs": None, "finish_reason": "stop", "delta": {}}
+
+
+# ---- n choices, logprobs, tool calls -----------------------------------------------------------
+
+LP = TokenLogprob(10, "Hel", -0.5, (("Hel", -0.5), ("Bye", -1.5)))
+
+
+def test_n_choices_render_by_index() -> None:
+    r = _renderer("completion", n=2)
+    r.add(GenerateChunk((1,), "a", index=1))
+    r.add(GenerateChunk((2,), "b", finish_reason="length", index=0))
+    r.add(GenerateChunk((3,), "c", finish_reason="stop", index=1))
+    body = r.whole()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "b", "length"), (1, "ac", "stop")]
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_streamed_chat_announces_every_choice() -> None:
+    events = _parse(_renderer("chat", n=2).first_events())
+    assert [e["choices"][0]["index"] for e in events] == [0, 1]
+
+
+def test_chat_logprobs_shape() -> None:
+    r = _renderer("chat", logprobs=True)
+    r.add(GenerateChunk((10,), "Hel", finish_reason="length", logprobs=(LP,)))
+    lp = r.whole()["choices"][0]["logprobs"]["content"]
+    assert lp == [{"token": "Hel", "logprob": -0.5, "bytes": list(b"Hel"),
+                   "top_logprobs": [{"token": "Hel", "logprob": -0.5, "bytes": list(b"Hel")},
+                                    {"token": "Bye", "logprob": -1.5, "bytes": list(b"Bye")}]}]
+
+
+def test_completion_logprobs_shape_and_stream() -> None:
+    r = _renderer("completion", logprobs=True)
+    chunk = GenerateChunk((10,), "Hel", finish_reason="length", logprobs=(LP,))
+    r.add(chunk)
+    assert r.whole()["choices"][0]["logprobs"] == {
+        "tokens": ["Hel"], "token_logprobs": [-0.5],
+        "top_logprobs": [{"Hel": -0.5, "Bye": -1.5}], "text_offset": [0]}
+    streamed = _parse(r.chunk_events(chunk))[0]["choices"][0]["logprobs"]
+    assert streamed["tokens"] == ["Hel"]
+
+
+def test_tool_calls_whole_and_streamed() -> None:
+    spec = ToolSpec(functions=({"name": "now"},), mode="required")
+    text = '[{"name": "now", "arguments": {}}]'
+    chunk = GenerateChunk((1, 2), text, finish_reason="stop")
+    r = _renderer("chat", tools=spec)
+    r.add(chunk)
+    choice = r.whole()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "now", "arguments": "{}"}
+    events = _parse(r.chunk_events(chunk))
+    delta = events[0]["choices"][0]["delta"]
+    assert delta["tool_calls"][0]["index"] == 0
+    assert delta["tool_calls"][0]["function"]["name"] == "now"
+    assert events[1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_output_is_held_back_until_the_choice_ends() -> None:
+    r = _renderer("chat", tools=ToolSpec(functions=({"name": "now"},), mode="auto"))
+    chunk = GenerateChunk((1,), "plain")
+    r.add(chunk)
+    assert r.chunk_events(chunk) == []
+    end = GenerateChunk((2,), " text", finish_reason="stop")
+    r.add(end)
+    assert _parse(r.chunk_events(end))[0]["choices"][0]["delta"] == {"content": "plain text"}

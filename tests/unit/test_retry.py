@@ -9,12 +9,25 @@ from types import SimpleNamespace
 import pytest
 
 from splitserve.config import DisaggregationConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling, WorkerError
+from splitserve.engine.messages import (
+    GenerateChunk,
+    GenerateRequest,
+    RequestRejected,
+    Sampling,
+    WorkerError,
+)
 from splitserve.kv_transfer.handoff import HandoffError
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.replica_router import avoid_failed
-from splitserve.router.retry import MIN_ATTEMPT_S, classify, failed_replica, retry_prefill
+from splitserve.router.retry import (
+    MIN_ATTEMPT_S,
+    classify,
+    failed_replica,
+    migrate_decode,
+    rejection,
+    retry_prefill,
+)
 
 
 class BackPressureError(Exception):
@@ -37,6 +50,8 @@ class _RayWrapped(Exception):
         (HandoffError("no params"), "handoff"),
         (WorkerError("r1", "engine dead"), "replica"),
         (RuntimeError("actor died"), "replica"),
+        (RequestRejected("r1", "bad grammar"), "rejected"),
+        (_RayWrapped(RequestRejected("r1", "bad grammar")), "rejected"),
     ],
 )
 def test_classify(err, kind):
@@ -48,6 +63,16 @@ def test_failed_replica_reads_worker_error_directly_and_through_a_wrapper():
     assert failed_replica(err) == "abc123"
     assert failed_replica(_RayWrapped(err)) == "abc123"
     assert failed_replica(RuntimeError("no replica named")) is None
+
+
+def test_rejection_pickles_and_is_never_retried_or_migrated():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(RequestRejected("abc", "bad regex", "regex")))
+    assert (err.replica, err.message, err.param) == ("abc", "bad regex", "regex")
+    assert rejection(_RayWrapped(err)) is not None and rejection(RuntimeError()) is None
+    assert not retry_prefill(kind="rejected", attempt=1, attempts=3, time_left_s=10.0)
+    assert not migrate_decode(kind="rejected", migrations=0, max_migrations=3)
 
 
 def test_worker_error_pickles_with_its_replica():

@@ -38,3 +38,56 @@ def test_an_agent_starts_with_the_patch() -> None:
     vllm_plugin.register()
     agent = mod.nixl_agent("splitserve-plugin-test", mod.nixl_agent_config(num_threads=1))
     assert "UCX" in agent.backends
+
+
+def _fake_runner_module():
+    """A stand-in for vLLM's CPU model runner: sampling draws from each request's generator;
+    bookkeeping rewinds the discarded ones by offset, as vLLM does (CUDA-only)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    class CPUModelRunner:
+        def __init__(self, discard: list[bool]) -> None:
+            gens = {i: torch.Generator().manual_seed(7) for i in range(len(discard))}
+            self.input_batch = SimpleNamespace(num_reqs=len(discard), generators=gens)
+            self.discard_request_mask = SimpleNamespace(np=np.array(discard))
+
+        def _sample(self, n: int) -> list[float]:
+            gens = self.input_batch.generators
+            return [torch.rand(n, generator=gens[i]).sum().item() for i in sorted(gens)]
+
+        def _bookkeeping_sync(self) -> None:
+            for i in self.discard_request_mask.np.nonzero()[0]:
+                gen = self.input_batch.generators.get(int(i))
+                if gen is not None:
+                    gen.set_offset(gen.get_offset() - 4)  # raises on the CPU
+
+    return SimpleNamespace(CPUModelRunner=CPUModelRunner)
+
+
+def test_cpu_offset_rewind_raises_without_the_patch() -> None:
+    runner = _fake_runner_module().CPUModelRunner([True, False])
+    runner._sample(3)
+    with pytest.raises(RuntimeError, match="offset"):
+        runner._bookkeeping_sync()
+
+
+def test_discarded_samples_leave_the_generator_as_it_was() -> None:
+    module = _fake_runner_module()
+    vllm_plugin._patch_cpu_runner(module)
+    runner = module.CPUModelRunner([True, False])
+    first = runner._sample(3)
+    runner._bookkeeping_sync()  # no offset rewind: nothing raises
+    again = runner._sample(3)
+    assert again[0] == first[0]  # discarded: the same draw comes again
+    assert again[1] != first[1]  # kept: the generator moved on
+    assert set(runner.input_batch.generators) == {0, 1}
+
+
+def test_the_real_cpu_model_runner_is_patched_when_imported() -> None:
+    vllm_plugin.patch_cpu_seeded_sampling()
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    assert CPUModelRunner.splitserve_seed_patch
