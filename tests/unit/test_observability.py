@@ -261,3 +261,33 @@ def test_controller_metrics_count_decisions_and_scalings():
     assert _value(s, "splitserve_controller_replicas", pool="decode", state="desired") == 3
     assert _value(s, "splitserve_controller_load_replicas", pool="prefill") == 0.3
     assert [action_of(2, d) for d in (1, 2, 3)] == ["down", "hold", "up"]
+
+
+def test_engine_metrics_reach_the_engine_spec():
+    from splitserve.engine.args import engine_spec
+
+    on = parse_config({"observability": {"engine_metrics": True}})
+    assert engine_spec(on, "decode", "cpu").engine_metrics is True
+    assert engine_spec(parse_config({}), "prefill", "cpu").engine_metrics is False
+
+
+def test_configure_logging_writes_json_lines_to_stderr(capsys):
+    from splitserve.logs import configure_logging
+
+    logger = logging.getLogger("splitserve")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        configure_logging("json")
+        configure_logging("json")  # idempotent: one handler
+        logging.getLogger("splitserve.requests").info("request ok", extra={"fields": {"a": 1}})
+        line = json.loads(capsys.readouterr().err.strip())
+        assert (line["msg"], line["a"], line["logger"]) == ("request ok", 1, "splitserve.requests")
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def test_top_is_a_cli_command():
+    from splitserve.cli import build_parser
+
+    args = build_parser().parse_args(["top", "--url", "http://r:8000", "--once"])
+    assert args.func.__name__ == "_cmd_top" and args.url == ["http://r:8000"] and args.once
