@@ -256,6 +256,7 @@ class Router:
             return response
         except APIError as err:
             status, error = err.status, err
+            obs.describe(tenant=getattr(err, "tenant", None))  # a refused tenant's config name
             return err.response()
         except BaseException as err:
             error = err

@@ -68,13 +68,14 @@ def _text_value(value: Any) -> str:
 
 
 def configure_logging(fmt: Literal["text", "json"] = "text", level: int = logging.INFO) -> None:
-    """Send the `splitserve` loggers to stderr in `fmt`; calling again replaces the format."""
+    """Send the `splitserve` loggers to the current stderr in `fmt`; calling again replaces the
+    handler (never two)."""
     logger = logging.getLogger(ROOT)
-    handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
-    if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.set_name(_HANDLER_NAME)
-        logger.addHandler(handler)
+    for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
+        logger.removeHandler(old)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False

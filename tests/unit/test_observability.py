@@ -36,7 +36,7 @@ from router_fakes import (
 )
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-KEY = generate_api_key()
+KEY, OFF_KEY = generate_api_key(), generate_api_key()
 
 
 def _config(**observability):
@@ -45,7 +45,8 @@ def _config(**observability):
         "mode": "disaggregated",
         "disaggregation": {"spill_to_decode": False},
         "tenants": [{"name": "acme", "api_key_hashes": [hash_api_key(KEY)],
-                     "quotas": {"requests_per_minute": 2}}],
+                     "quotas": {"requests_per_minute": 2}},
+                    {"name": "off", "enabled": False, "api_key_hashes": [hash_api_key(OFF_KEY)]}],
         "observability": observability,
     })
 
@@ -117,10 +118,11 @@ def test_requests_of_each_outcome_move_their_counters(request_log):
         await send(completion_body(), _auth())                             # 429: rpm is 2
         await send(completion_body(), {})                                  # 401: no key
         await send({"model": "other", "prompt": "x"}, _auth(generate_api_key()))  # 401
+        await send(completion_body(), _auth(OFF_KEY))                      # 403: disabled
         return router, before, _samples(await _scrape(router)), statuses
 
     _, before, after, statuses = asyncio.run(run())
-    assert statuses == [200, 200, 429, 401, 401]
+    assert statuses == [200, 200, 429, 401, 401, 403]
 
     def moved(**labels):
         return (_value(after, "splitserve_requests_total", **labels)
@@ -130,7 +132,8 @@ def test_requests_of_each_outcome_move_their_counters(request_log):
     assert moved(outcome="cancelled", tenant="acme", status="200") == 1
     assert moved(outcome="rate_limited", tenant="acme", status="429") == 1
     assert moved(outcome="client_error", tenant="-", status="401") == 2
-    assert moved() == 5
+    assert moved(outcome="client_error", tenant="off", status="403") == 1
+    assert moved() == 6
     assert {dict(ls)["outcome"] for (n, ls) in after if n == "splitserve_requests_total"} <= set(
         OUTCOMES)
     # Latency of the completed request only (the cancelled one is not a sample).
@@ -155,7 +158,7 @@ def test_requests_of_each_outcome_move_their_counters(request_log):
 
     lines = [r.fields for r in request_log]
     assert [f["outcome"] for f in lines] == [
-        "ok", "cancelled", "rate_limited", "client_error", "client_error"]
+        "ok", "cancelled", "rate_limited", "client_error", "client_error", "client_error"]
 
 
 def test_server_errors_and_worker_failures_are_outcomes_too():
@@ -278,7 +281,8 @@ def test_configure_logging_writes_json_lines_to_stderr(capsys):
     saved = (list(logger.handlers), logger.level, logger.propagate)
     try:
         configure_logging("json")
-        configure_logging("json")  # idempotent: one handler
+        configure_logging("json")  # replaces its handler: one
+        assert [h.get_name() for h in logger.handlers].count("splitserve-stderr") == 1
         logging.getLogger("splitserve.requests").info("request ok", extra={"fields": {"a": 1}})
         line = json.loads(capsys.readouterr().err.strip())
         assert (line["msg"], line["a"], line["logger"]) == ("request ok", 1, "splitserve.requests")
