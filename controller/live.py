@@ -21,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 from splitserve.controller.control import Controller
+from splitserve.controller.metrics import ControllerMetrics
 from splitserve.controller.serve_actuator import ServePoolActuator
 from splitserve.controller.signals import PoolReport, merge_reports
 from splitserve.controller.targets import control_spec_for_config
@@ -42,11 +43,16 @@ class PoolController:
 
     def __init__(self, config: dict, app_name: str) -> None:
         from splitserve.config import SplitserveConfig
+        from splitserve.logs import configure_logging
 
         cfg = SplitserveConfig.model_validate(config)
+        configure_logging(cfg.observability.log_format)
         self.spec = control_spec_for_config(cfg)
         self.pools = tuple(cfg.deployed_pools())
         self.actuator = ServePoolActuator(app_name, self.pools)
+        self.metrics = ControllerMetrics()
+        if cfg.observability.controller_metrics_port is not None:
+            self.metrics.serve(cfg.observability.controller_metrics_port)
         self.controller: Controller | None = None
         self._reports: dict[str, tuple[float, dict[str, PoolReport]]] = {}
         self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
@@ -73,6 +79,10 @@ class PoolController:
         """Every decision so far (oldest first): time, pool, sample, replicas, reason."""
         with self._lock:
             return list(self._history)
+
+    def metrics_text(self) -> bytes:
+        """This controller's Prometheus exposition (what its `/metrics` port serves)."""
+        return self.metrics.render()
 
     def shutdown(self) -> None:
         """Stop the control loop."""
@@ -122,6 +132,10 @@ class PoolController:
                      "scaled": changed, "sample": asdict(samples[pool])}
             with self._lock:
                 self._history.append(entry)
+            self.metrics.observe_decision(
+                pool, ready=c.ready, starting=c.starting, target=c.target,
+                desired=decision.replicas, load=decision.load, scaled=bool(changed),
+            )
             if changed:
                 log.info("scale %s %d -> %d: %s", pool, c.target, decision.replicas, decision.reason)
         return True

@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from splitserve.config import SplitserveConfig
+from splitserve.logs import configure_logging
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.models import resolve_model_path
 from splitserve.router.choices import choice_requests, merge_choices
@@ -30,8 +31,10 @@ from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_d
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
 from splitserve.router.metrics import RouterMetrics
+from splitserve.router.pool_metrics import PoolStateCollector
 from splitserve.router.prepare import prepare
 from splitserve.router.prompts import PromptBuilder
+from splitserve.router.request_log import RequestObserver, trace_id_of
 from splitserve.router.responses import Renderer, sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
@@ -82,14 +85,13 @@ async def _aclose(chunks: AsyncIterator[GenerateChunk]) -> None:
     await chunks.aclose()  # type: ignore[attr-defined]
 
 
-class _Timer:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.ttft: float | None = None
-
-    def tick(self, chunk: GenerateChunk) -> None:
-        if self.ttft is None and chunk.token_ids:
-            self.ttft = time.perf_counter() - self.start
+def _prompt_text(req: Any) -> Any:
+    """The prompt as the client sent it (a completion's `prompt`, a chat's messages' text), for
+    the request log when `observability.log_prompts` is on."""
+    messages = getattr(req, "messages", None)
+    if messages is not None:
+        return [{"role": m.role, "content": m.text()} for m in messages]
+    return getattr(req, "prompt", None)
 
 
 @serve.deployment(
@@ -104,19 +106,23 @@ class Router:
     def __init__(self, cfg: SplitserveConfig, pools: dict[str, Any]) -> None:
         self.cfg = cfg
         self.pools = pools
+        configure_logging(cfg.observability.log_format)
         self.metrics = RouterMetrics()
         self.tenancy = Tenancy.from_config(cfg, registry=self.metrics.registry)
         self.admin = AdminAuth.from_config(cfg)
         self.usage_board = UsagePublisher(
             self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id
         )
-        self.signals = SignalRecorder(pools)
+        self.signals = SignalRecorder(pools, observer=self.metrics)
         self.tracing = Tracing.from_config(cfg.tracing)
         self.dispatcher = Dispatcher(
             pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals,
             replicas={role: p.replicas for role, p in cfg.deployed_pools().items()},
             decode_migrations=cfg.router.decode_migrations,
             tracing=self.tracing,
+        )
+        self.metrics.registry.register(
+            PoolStateCollector(self.tenancy.gates, self.dispatcher.replicas)
         )
         self.controller_link = self._link_controller(cfg)
         self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
@@ -239,26 +245,35 @@ class Router:
         # The request's root span (tracing on): ended when the handler has answered and, for a
         # stream, the chunk stream is closed (router/tracing.py).
         trace = self.tracing.request(endpoint, request.headers, model=self.cfg.model.name)
+        # Its metrics and log line: recorded once the response is over, like the root span.
+        obs = RequestObserver(
+            self.metrics, endpoint, trace_id=trace_id_of(trace.context, request.headers),
+            log_request=self.cfg.observability.request_log,
+            log_prompt=self.cfg.observability.log_prompts,
+        )
         try:
-            response = await self._handle(endpoint, request, trace)
+            response = await self._handle(endpoint, request, trace, obs)
             status = response.status_code
             return response
         except APIError as err:
             status, error = err.status, err
+            obs.describe(tenant=getattr(err, "tenant", None))  # a refused tenant's config name
             return err.response()
         except BaseException as err:
             error = err
             raise
         finally:
             self.metrics.in_flight.dec()
-            self.metrics.observe_request(endpoint, status)
             trace.answered(status, error)
+            obs.answered(status, error)
 
     async def _handle(
-        self, endpoint: str, request: Request, trace: RequestTrace | NoopRequestTrace
+        self, endpoint: str, request: Request, trace: RequestTrace | NoopRequestTrace,
+        obs: RequestObserver,
     ) -> Response:
         tenant = self.tenancy.authenticate(request.headers.get("authorization"))
         trace.describe(tenant=tenant)
+        obs.describe(tenant=tenant.name)
         body = await read_body(request, self.cfg.router.max_body_bytes)
         prepared = prepare(endpoint, body, self.prompts, model_name=self.cfg.model.name)
         req = prepared.request
@@ -277,14 +292,16 @@ class Router:
             tools=prepared.tools,
         )
         trace.describe(request=gen_req, stream=req.stream)
+        obs.describe(request=gen_req, stream=req.stream,
+                     prompt=_prompt_text(req) if obs.log_prompt else None)
         timeout_s = request_timeout(
             self.cfg.router.request_timeout_s, request.headers.get(TIMEOUT_HEADER)
         )
-        chunks = trace.stream(
+        chunks = obs.stream(trace.stream(
             within_deadline(
                 self._generate(tenant, gen_req, trace.context, n=prepared.n), timeout_s
             )
-        )
+        ))
         if req.stream:
             return await self._stream(chunks, renderer)
         return await self._whole(chunks, renderer)
@@ -308,18 +325,14 @@ class Router:
     async def _whole(
         self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer
     ) -> JSONResponse:
-        timer = _Timer()
         try:
             async for chunk in chunks:
-                timer.tick(chunk)
                 renderer.add(chunk)
         finally:
             await chunks.aclose()
-        self._observe(timer, renderer)
         return JSONResponse(renderer.whole(), headers=_replica_header(renderer))
 
     async def _stream(self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> Response:
-        timer = _Timer()
         # Wait for the first chunk before answering 200, so early failures (quota, queue full,
         # worker error) keep their HTTP status.
         try:
@@ -336,14 +349,12 @@ class Router:
                     yield event
                 chunk: GenerateChunk | None = first
                 while chunk is not None:
-                    timer.tick(chunk)
                     renderer.add(chunk)
                     for event in renderer.chunk_events(chunk):
                         yield event
                     chunk = await anext(chunks, None)
                 for event in renderer.last_events():
                     yield event
-                self._observe(timer, renderer)
             except APIError as err:
                 yield sse(err.body())
             finally:
@@ -358,10 +369,3 @@ class Router:
             background=BackgroundTask(_aclose, chunks),
         )
 
-    def _observe(self, timer: _Timer, renderer: Renderer) -> None:
-        self.metrics.observe_generation(
-            ttft=timer.ttft,
-            e2e=time.perf_counter() - timer.start,
-            prompt_tokens=renderer.prompt_tokens,
-            output_tokens=len(renderer.token_ids),
-        )

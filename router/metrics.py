@@ -1,22 +1,38 @@
-"""The router's Prometheus metrics (one registry per router replica)."""
+"""The router's Prometheus metrics (one registry per router replica, served at `/metrics`).
+
+Names follow Prometheus conventions (base units, `_total` counters, `_seconds` / `_bytes`
+histograms); where vLLM has the same figure (`vllm:time_to_first_token_seconds`,
+`vllm:inter_token_latency_seconds`, `vllm:request_queue_time_seconds`, ...) the meaning is
+the same, measured at the router. docs/observability.md lists every metric.
+
+Label values are bounded: `tenant` is a configured tenant name (or `default` / `unauthenticated`,
+never client input), `pool` is `prefill` or `decode`, `outcome` one of `OUTCOMES`.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                          0.5, 0.75, 1, 2.5, 5)
+
+# What happened to a request (`request_log.outcome_of`): the label of `splitserve_requests_total`.
+OUTCOMES = ("ok", "cancelled", "rate_limited", "client_error", "unavailable", "timeout", "error")
 
 
 class RouterMetrics:
-    """Request counts, latencies and token counts, labelled by endpoint and outcome."""
+    """Request counts by outcome, latencies per tenant and per pool, token counts, and the
+    dispatcher's disaggregation, KV-transfer and retry counters."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
             "splitserve_requests",
-            "Requests by endpoint and HTTP status.",
-            ["endpoint", "status"],
+            "Finished requests by endpoint, tenant, HTTP status and outcome (ok, cancelled, "
+            "rate_limited, client_error, unavailable, timeout, error).",
+            ["endpoint", "tenant", "status", "outcome"],
             registry=r,
         )
         self.in_flight = Gauge(
@@ -24,29 +40,63 @@ class RouterMetrics:
         )
         self.ttft = Histogram(
             "splitserve_time_to_first_token_seconds",
-            "Time to first token.",
+            "Time from the request's arrival at the router to its first token, per tenant.",
+            ["tenant"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.tpot = Histogram(
             "splitserve_time_per_output_token_seconds",
-            "Mean time per output token after the first, per request.",
-            buckets=_LATENCY_BUCKETS,
+            "Mean time per output token after the first, one sample per request, per tenant.",
+            ["tenant"],
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "splitserve_inter_token_latency_seconds",
+            "Time between two streamed chunks divided by the chunk's tokens, per tenant.",
+            ["tenant"],
+            buckets=_TOKEN_LATENCY_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
             "splitserve_e2e_request_latency_seconds",
-            "End-to-end request latency.",
+            "End-to-end latency of completed requests (arrival to last token), per tenant.",
+            ["tenant"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pool_ttft = Histogram(
+            "splitserve_pool_time_to_first_token_seconds",
+            "A pool's share of time to first token: prefill, from entering its gate to the "
+            "handoff; decode, from entering its gate to the first token.",
+            ["pool"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pool_tpot = Histogram(
+            "splitserve_pool_time_per_output_token_seconds",
+            "Mean time per output token of a request's decode hop, per pool.",
+            ["pool"],
+            buckets=_TOKEN_LATENCY_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter(
             "splitserve_prompt_tokens", "Prompt tokens of served requests.", registry=r
         )
+        self.prompt_tokens_cached = Counter(
+            "splitserve_prompt_tokens_cached",
+            "Prompt tokens of completed requests that the decode engine did not compute (prefix "
+            "cache hits or KV received from a prefill worker); ratio to prompt tokens: hit rate.",
+            registry=r,
+        )
         self.generation_tokens = Counter(
             "splitserve_generation_tokens", "Generated tokens.", registry=r
         )
+        self._dispatch_metrics(r)
 
+    def _dispatch_metrics(self, r: CollectorRegistry) -> None:
+        """What the dispatcher counts (router/dispatch.py)."""
         self.disagg_decisions = Counter(
             "splitserve_disagg_decisions",
             "Conditional disaggregation: where prefill ran.",
@@ -90,21 +140,41 @@ class RouterMetrics:
             registry=r,
         )
 
-    def observe_request(self, endpoint: str, status: int) -> None:
-        """Count a finished request (any outcome)."""
-        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+    def observe_request(self, endpoint: str, status: int, *, tenant: str, outcome: str) -> None:
+        """Count a finished request (any outcome; once per request)."""
+        self.requests.labels(
+            endpoint=endpoint, tenant=tenant, status=str(status), outcome=outcome
+        ).inc()
 
     def observe_generation(
-        self, *, ttft: float | None, e2e: float, prompt_tokens: int, output_tokens: int
+        self, *, tenant: str, ttft: float | None, e2e: float, prompt_tokens: int,
+        output_tokens: int, cached_tokens: int = 0,
     ) -> None:
-        """Latency and token figures of one completed generation."""
+        """Latency and token figures of one completed generation (times in seconds)."""
         if ttft is not None:
-            self.ttft.observe(ttft)
+            self.ttft.labels(tenant=tenant).observe(ttft)
             if output_tokens > 1:
-                self.tpot.observe((e2e - ttft) / (output_tokens - 1))
-        self.e2e.observe(e2e)
+                self.tpot.labels(tenant=tenant).observe((e2e - ttft) / (output_tokens - 1))
+        self.e2e.labels(tenant=tenant).observe(e2e)
         self.prompt_tokens.inc(prompt_tokens)
+        self.prompt_tokens_cached.inc(min(cached_tokens, prompt_tokens))
         self.generation_tokens.inc(output_tokens)
+
+    def observe_gap(self, tenant: str, seconds: float, tokens: int) -> None:
+        """A streamed chunk of `tokens` tokens arrived `seconds` after the previous one."""
+        if tokens > 0:
+            self.itl.labels(tenant=tenant).observe(seconds / tokens)
+
+    # SignalRecorder's observer interface (router/signals.py): the per-pool latencies.
+
+    def pool_first_token(self, pool: str, seconds: float) -> None:
+        """A pool's share of one request's time to first token."""
+        self.pool_ttft.labels(pool=pool).observe(seconds)
+
+    def pool_finished(self, pool: str, first_to_last_s: float, output_tokens: int) -> None:
+        """A request's hop in `pool` finished (no sample for fewer than 2 tokens)."""
+        if output_tokens >= 2:
+            self.pool_tpot.labels(pool=pool).observe(first_to_last_s / (output_tokens - 1))
 
     def render(self) -> bytes:
         """Prometheus text exposition."""

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from splitserve.controller.signals import MAX_LATENCY_SAMPLES, PoolReport
 from splitserve.router.periodic import Periodic
@@ -29,11 +30,24 @@ class _Period:
     tpot_s: list[float] = field(default_factory=list)
 
 
-class SignalRecorder:
-    """Counts what entered each pool and how fast it was served, one period at a time."""
+class LatencyObserver(Protocol):
+    """Also told every latency sample (`RouterMetrics` is one: its per-pool histograms)."""
 
-    def __init__(self, pools: Iterable[str], clock: Callable[[], float] = time.monotonic) -> None:
+    def pool_first_token(self, pool: str, seconds: float) -> None: ...
+    def pool_finished(self, pool: str, first_to_last_s: float, output_tokens: int) -> None: ...
+
+
+class SignalRecorder:
+    """Counts what entered each pool and how fast it was served, one period at a time.
+
+    `observer` (optional) sees every latency sample too, uncapped and across periods."""
+
+    def __init__(
+        self, pools: Iterable[str], clock: Callable[[], float] = time.monotonic,
+        observer: LatencyObserver | None = None,
+    ) -> None:
         self.clock = clock
+        self.observer = observer
         self._periods = {pool: _Period() for pool in pools}
         self._started = clock()
 
@@ -46,12 +60,16 @@ class SignalRecorder:
 
     def first_token(self, pool: str, seconds: float) -> None:
         """The pool's share of a request's time to first token (see `PoolReport.ttft_s`)."""
+        if self.observer is not None:
+            self.observer.pool_first_token(pool, seconds)
         samples = self._periods[pool].ttft_s
         if len(samples) < MAX_LATENCY_SAMPLES:
             samples.append(seconds)
 
     def finished(self, pool: str, first_to_last_s: float, output_tokens: int) -> None:
         """A request finished in `pool` after `output_tokens` tokens (no TPOT for fewer than 2)."""
+        if self.observer is not None:
+            self.observer.pool_finished(pool, first_to_last_s, output_tokens)
         samples = self._periods[pool].tpot_s
         if output_tokens >= 2 and len(samples) < MAX_LATENCY_SAMPLES:
             samples.append(first_to_last_s / (output_tokens - 1))

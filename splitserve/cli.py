@@ -6,6 +6,7 @@
     splitserve k8s render -c FILE --target kserve|llmisvc|helm-values [--out DIR]
     splitserve k8s check -c FILE [--gpus-per-node N]
     splitserve bench [--base-url URL] [--rate R] ...  (see splitserve.bench.cli)
+    splitserve top [--url URL ...] [--interval S] [--once]  (live pool state, splitserve.top)
     splitserve plan [-c FILE] [--rate R] [--accelerator h100-80gb|h200-141gb|a100-80gb|cpu]
     splitserve simulate --trace bursty|diurnal|steady [--policy ours|queue|fixed-peak|all]
                         [--mode disaggregated|colocated]  (see splitserve.controller.sim.command)
@@ -54,6 +55,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from splitserve.top import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     p = argparse.ArgumentParser(prog="splitserve", description=__doc__.splitlines()[0])
@@ -90,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint")
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    from splitserve.top import add_arguments as add_top_arguments
+
+    top = sub.add_parser("top", help="live pool state from the routers' /metrics")
+    add_top_arguments(top)
+    top.set_defaults(func=_cmd_top)
 
     from splitserve.controller.sim.command import add_controller_commands
 

@@ -383,6 +383,33 @@ class TracingConfig(_Strict):
     )
 
 
+class ObservabilityConfig(_Strict):
+    """Request logs and the metrics endpoints beyond the router's `/metrics`
+    (docs/observability.md lists every metric and the log line)."""
+
+    log_format: Literal["text", "json"] = Field(
+        "text", description="`json`: every splitserve log record is one JSON object per line.",
+    )
+    request_log: bool = Field(
+        True, description="One log line per finished request (logger `splitserve.requests`): "
+        "trace id, tenant, outcome, token counts and timings.",
+    )
+    log_prompts: bool = Field(
+        False, description="Add the prompt text to the request log line. Off: prompts are never "
+        "logged (they may hold personal data); turn on only to debug.",
+    )
+    controller_metrics_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="With `autoscaling`: the controller actor serves its Prometheus `/metrics` "
+        "(replica counts, scaling decisions) on this port. None: not served.",
+    )
+    engine_metrics: bool = Field(
+        False, description="Engines export vLLM's own metrics (vllm:num_requests_running, "
+        "kv_cache_usage_perc, prefix_cache_*, nixl_*) through Ray's metrics agent, like Ray "
+        "Serve LLM's `log_engine_metrics`.",
+    )
+
+
 class SplitserveConfig(_Strict):
     """A whole deployment: model, mode, pools, router, tenants, SLOs."""
 
@@ -404,6 +431,9 @@ class SplitserveConfig(_Strict):
     )
     tracing: TracingConfig = Field(
         TracingConfig(), description="OpenTelemetry tracing of requests (off by default)."
+    )
+    observability: ObservabilityConfig = Field(
+        ObservabilityConfig(), description="Request logs and extra metrics endpoints."
     )
 
     @model_validator(mode="after")

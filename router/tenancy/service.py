@@ -171,11 +171,13 @@ class Tenancy:
     async def admit(self, pool: str, tenant: Tenant, prompt_tokens: int) -> AsyncIterator[Ticket]:
         """Hold a slot of `pool`'s gate for the body (waits in fair order; 429 / 503)."""
         gate = self.gates[pool]
+        start = time.perf_counter()
         try:
             ticket = await gate.acquire(tenant, prompt_tokens)
         except TenancyError as err:
             self.usage.record_rejection(tenant.name, err.reason)
             raise
+        self.usage.record_queue_time(pool, tenant.name, time.perf_counter() - start)
         try:
             yield ticket
         finally:

@@ -13,12 +13,13 @@ from collections import Counter as Tally
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from splitserve.router.tenancy.tenants import UNAUTHENTICATED
 
 __all__ = ["UNAUTHENTICATED", "UsageLedger", "UsageMetrics"]
 
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class UsageMetrics:
@@ -39,6 +40,11 @@ class UsageMetrics:
         self.rejections = Counter(
             "splitserve_tenant_rejections", "Refused requests by tenant and reason.",
             ["tenant", "reason"], registry=r,
+        )
+        self.queue_time = Histogram(
+            "splitserve_request_queue_time_seconds",
+            "Time a request waited in a pool's admission gate before it got a slot.",
+            ["pool", "tenant"], buckets=_QUEUE_BUCKETS, registry=r,
         )
 
 
@@ -80,6 +86,11 @@ class UsageLedger:
         self._of(tenant).rejections[reason] += 1
         if self.metrics:
             self.metrics.rejections.labels(tenant=tenant, reason=reason).inc()
+
+    def record_queue_time(self, pool: str, tenant: str, seconds: float) -> None:
+        """A request waited `seconds` in `pool`'s gate, then got its slot (metrics only)."""
+        if self.metrics:
+            self.metrics.queue_time.labels(pool=pool, tenant=tenant).observe(seconds)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """`{tenant: {"requests", "prompt_tokens", "generated_tokens", "rejections": {...}}}`,

@@ -43,6 +43,7 @@ class EngineSpec:
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
     share_cores: bool = False  # dev/test only: engines may share cores when short
     kv_lease_s: int = 30  # prefill keeps unpulled KV blocks this long (NIXL kv_lease_duration)
+    engine_metrics: bool = False  # export vLLM's metrics through Ray's metrics agent
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
@@ -87,6 +88,7 @@ def engine_spec(
         kv_host=kv_host,
         share_cores=cfg.placement.share_cores,
         kv_lease_s=cfg.disaggregation.kv_lease_s,
+        engine_metrics=cfg.observability.engine_metrics,
         faults=cfg.faults,
     )
 

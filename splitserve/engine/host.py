@@ -174,7 +174,12 @@ class EngineHost:
                 **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s)
             )
         args = AsyncEngineArgs(**kwargs)
-        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
+        loggers: list[Any] = [self._stats.factory]
+        if self.spec.engine_metrics:  # vLLM's own metrics, on Ray's metrics endpoint
+            from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+            loggers.append(RayPrometheusStatLogger)
+        return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Run one request to completion, yielding a chunk per engine step.

@@ -366,15 +366,14 @@ def test_stream_past_its_deadline_ends_with_an_error_event(client):
 
 
 def test_metrics_count_requests(deployment, client):
-    def count(text: str, status: str) -> float:
-        for line in text.splitlines():
-            if (
-                line.startswith("splitserve_requests_total{")
-                and f'status="{status}"' in line
-                and 'endpoint="completions"' in line
-            ):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+    def count(text: str, status: str) -> float:  # summed over the tenant and outcome labels
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("splitserve_requests_total{")
+            and f'status="{status}"' in line
+            and 'endpoint="completions"' in line
+        )
 
     before = httpx.get(f"{deployment}/metrics").text
     client.completions.create(model=MODEL, prompt="count me", max_tokens=2)

@@ -1,150 +1,42 @@
 """OpenTelemetry tracing of one request (router/tracing.py): the span tree, W3C trace context,
 sampling, the off path, prefill failures, and a streamed root span that ends with its stream.
 
-No Ray cluster: the pool handles are scripted fakes; the gates, tenancy, dispatcher and the
-Router's own request methods (on an instance built without its Serve constructor) are real.
+No Ray cluster: the pool handles are scripted fakes (router_fakes.py); the gates, tenancy,
+dispatcher and the Router's own request methods (on an instance built without its Serve
+constructor) are real.
 Spans go to an `InMemorySpanExporter` on a provider of the test's own (no global provider).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from types import SimpleNamespace
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
-from starlette.requests import Request
 
 from splitserve.config import parse_config
-from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling, WorkerError
+from splitserve.engine.messages import GenerateRequest, Sampling, WorkerError
 from splitserve.router import tracing as tr
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError
 from splitserve.router.metrics import RouterMetrics
-from splitserve.router.prompts import PromptBuilder
 from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
 
-HANDOFF = {
-    "remote_engine_id": "prefill-x",
-    "remote_block_ids": [[1, 2]],
-    "remote_host": "127.0.0.1",
-    "remote_port": 5000,
-}
-KV_BYTES = 123_456
+from router_fakes import (
+    DECODE_OK,
+    KV_BYTES,
+    PREFILL_OK,
+    Pool,
+    build_router,
+    completion_body,
+    config,
+    drain,
+    http_request,
+)
+
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
-
-
-class _Iter:
-    """Like a Serve streaming response: iterable once, and cancellable."""
-
-    def __init__(self, agen) -> None:
-        self.agen = agen
-        self.cancelled = False
-
-    def __aiter__(self):
-        return self.agen
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class _Pool:
-    """A fake pool handle: each call plays the next scripted outcome, a list of chunks or an
-    exception (the last outcome repeats)."""
-
-    def __init__(self, *outcomes) -> None:
-        self.outcomes = list(outcomes)
-        self.requests: list[GenerateRequest] = []
-
-    def options(self, **_):
-        return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
-
-    def _remote(self, req):
-        self.requests.append(req)
-        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
-        return _Iter(self._run(outcome))
-
-    async def _run(self, outcome):
-        await asyncio.sleep(0)
-        if isinstance(outcome, BaseException):
-            raise outcome
-        for chunk in outcome:
-            yield chunk
-            await asyncio.sleep(0)
-
-
-PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefill-0")]
-DECODE_OK = [
-    GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0"),
-    GenerateChunk((2,), "b", "length", num_cached_tokens=288, replica="decode-0",
-                  kv_bytes=KV_BYTES),
-]
-
-
-def _config(tracing: dict | None = None, **disagg):
-    return parse_config({
-        "mode": "disaggregated",
-        "disaggregation": {"spill_to_decode": False, "offload_to_prefill": False, **disagg},
-        "tracing": {"enabled": True} if tracing is None else tracing,
-    })
-
-
-def _dispatcher(cfg, prefill: _Pool, decode: _Pool, tracing: tr.Tracing) -> Dispatcher:
-    return Dispatcher(
-        {"prefill": prefill, "decode": decode}, cfg.disaggregation, RouterMetrics(),
-        Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1}, tracing=tracing,
-    )
-
-
-def _router(cfg, prefill: _Pool, decode: _Pool, exporter: InMemorySpanExporter | None):
-    """The Router's request path without Ray Serve: its class, built by hand."""
-    from splitserve.router.app import Router
-
-    class _Router(Router.func_or_class):
-        def __del__(self) -> None:  # Serve's wrapper has an async one, for a live replica
-            pass
-
-    router = object.__new__(_Router)
-    router.cfg = cfg
-    router.metrics = RouterMetrics()
-    router.tenancy = Tenancy.from_config(cfg, registry=router.metrics.registry)
-    router.tracing = tr.Tracing.from_config(cfg.tracing, exporter=exporter)
-    router.dispatcher = _dispatcher(cfg, prefill, decode, router.tracing)
-    router._background = []
-    prompts = object.__new__(PromptBuilder)
-    prompts.tokenizer, prompts.max_model_len = [None] * 1000, cfg.model.max_model_len
-    router.prompts = prompts
-    return router
-
-
-def _request(body: dict, headers: dict[str, str] | None = None) -> Request:
-    raw = json.dumps(body).encode()
-    sent = False
-
-    async def receive():
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()  # no disconnect while the test runs
-        sent = True
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    scope = {
-        "type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
-        "headers": [(k.encode(), v.encode()) for k, v in (headers or {}).items()],
-    }
-    return Request(scope, receive)
-
-
-def _body(n_prompt: int = 300, stream: bool = True) -> dict:
-    return {"model": "splitserve-tiny", "prompt": list(range(n_prompt)), "max_tokens": 2,
-            "stream": stream}
-
-
-async def _drain(response) -> list[bytes]:
-    return [event async for event in response.body_iterator]
 
 
 def _by_name(exporter: InMemorySpanExporter) -> dict[str, list]:
@@ -166,12 +58,12 @@ def _parent_of(span) -> int | None:
 def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
     async def run():
         exporter = InMemorySpanExporter()
-        router = _router(_config(), _Pool(PREFILL_OK), _Pool(DECODE_OK), exporter)
-        response = await router._serve("completions", _request(_body()))
+        router = build_router(config(), Pool(PREFILL_OK), Pool(DECODE_OK), exporter)
+        response = await router._serve("completions", http_request(completion_body()))
         assert response.status_code == 200
         # The handler has returned the StreamingResponse: the root span is still open.
         assert "POST /v1/completions" not in _by_name(exporter)
-        events = await _drain(response)
+        events = await drain(response)
         assert events[-1] == b"data: [DONE]\n\n"
         return _by_name(exporter)
 
@@ -218,9 +110,10 @@ def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
 def test_an_incoming_traceparent_is_the_root_spans_parent():
     async def run():
         exporter = InMemorySpanExporter()
-        router = _router(_config(), _Pool(PREFILL_OK), _Pool(DECODE_OK), exporter)
+        router = build_router(config(), Pool(PREFILL_OK), Pool(DECODE_OK), exporter)
         headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
-        response = await router._serve("completions", _request(_body(stream=False), headers))
+        request = http_request(completion_body(stream=False), headers)
+        response = await router._serve("completions", request)
         assert response.status_code == 200
         return _by_name(exporter)
 
@@ -241,10 +134,10 @@ def test_an_incoming_traceparent_is_the_root_spans_parent():
 def test_unsampled_or_disabled_records_nothing_and_serves_the_same(tracing, headers):
     async def run():
         exporter = InMemorySpanExporter()
-        prefill, decode = _Pool(PREFILL_OK), _Pool(DECODE_OK)
-        router = _router(_config(tracing), prefill, decode, exporter)
-        response = await router._serve("completions", _request(_body(), headers))
-        events = await _drain(response)
+        prefill, decode = Pool(PREFILL_OK), Pool(DECODE_OK)
+        router = build_router(config(tracing), prefill, decode, exporter)
+        response = await router._serve("completions", http_request(completion_body(), headers))
+        events = await drain(response)
         assert len(prefill.requests) == len(decode.requests) == 1
         return exporter.get_finished_spans(), events
 
@@ -255,14 +148,14 @@ def test_unsampled_or_disabled_records_nothing_and_serves_the_same(tracing, head
 
 def test_the_off_path_makes_no_provider_and_no_span_objects():
     exporter = InMemorySpanExporter()
-    off = tr.Tracing.from_config(_config({"enabled": False}).tracing, exporter=exporter)
+    off = tr.Tracing.from_config(config({"enabled": False}).tracing, exporter=exporter)
     assert off is tr.NOOP_TRACING and off.provider is None and not off.enabled
     assert off.start(tr.DISPATCH, None) is INVALID_SPAN
     assert off.context_of(INVALID_SPAN) is None
     assert off.request("chat", {}, model="m") is tr.NOOP_REQUEST
-    chunks = _Pool(DECODE_OK)._run(DECODE_OK)
+    chunks = Pool(DECODE_OK).run(DECODE_OK)
     assert tr.NOOP_REQUEST.stream(chunks) is chunks
-    tenancy = Tenancy.from_config(_config())
+    tenancy = Tenancy.from_config(config())
     assert type(off.admit(tenancy, "decode", DEFAULT_TENANT, 1, None)) is type(
         tenancy.admit("decode", DEFAULT_TENANT, 1)
     )
@@ -270,9 +163,9 @@ def test_the_off_path_makes_no_provider_and_no_span_objects():
 
 def test_the_dispatcher_without_tracing_streams_unchanged():
     async def run():
-        cfg = _config({"enabled": False})
+        cfg = config({"enabled": False})
         d = Dispatcher(
-            {"prefill": _Pool(PREFILL_OK), "decode": _Pool(DECODE_OK)}, cfg.disaggregation,
+            {"prefill": Pool(PREFILL_OK), "decode": Pool(DECODE_OK)}, cfg.disaggregation,
             RouterMetrics(), Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1},
         )
         assert d.tracing is tr.NOOP_TRACING
@@ -287,11 +180,11 @@ def test_the_dispatcher_without_tracing_streams_unchanged():
 def test_a_failed_prefill_then_local_fallback_shows_the_failed_try():
     async def run():
         exporter = InMemorySpanExporter()
-        cfg = _config(prefill_attempts=1)
-        prefill = _Pool(WorkerError("prefill-bad", "engine error"))
-        router = _router(cfg, prefill, _Pool(DECODE_OK), exporter)
-        response = await router._serve("completions", _request(_body()))
-        await _drain(response)
+        cfg = config(prefill_attempts=1)
+        prefill = Pool(WorkerError("prefill-bad", "engine error"))
+        router = build_router(cfg, prefill, Pool(DECODE_OK), exporter)
+        response = await router._serve("completions", http_request(completion_body()))
+        await drain(response)
         return _by_name(exporter)
 
     spans = asyncio.run(run())
@@ -312,10 +205,10 @@ def test_a_failed_prefill_then_local_fallback_shows_the_failed_try():
 def test_a_retried_prefill_has_one_span_per_try():
     async def run():
         exporter = InMemorySpanExporter()
-        cfg = _config(prefill_attempts=2)
-        prefill = _Pool(WorkerError("prefill-bad", "engine error"), PREFILL_OK)
-        router = _router(cfg, prefill, _Pool(DECODE_OK), exporter)
-        await _drain(await router._serve("completions", _request(_body())))
+        cfg = config(prefill_attempts=2)
+        prefill = Pool(WorkerError("prefill-bad", "engine error"), PREFILL_OK)
+        router = build_router(cfg, prefill, Pool(DECODE_OK), exporter)
+        await drain(await router._serve("completions", http_request(completion_body())))
         return _by_name(exporter)
 
     spans = asyncio.run(run())
@@ -330,9 +223,9 @@ def test_a_retried_prefill_has_one_span_per_try():
 def test_a_client_that_walks_away_ends_the_root_span_as_cancelled():
     async def run():
         exporter = InMemorySpanExporter()
-        decode = _Pool(DECODE_OK)
-        router = _router(_config(), _Pool(PREFILL_OK), decode, exporter)
-        response = await router._serve("completions", _request(_body()))
+        decode = Pool(DECODE_OK)
+        router = build_router(config(), Pool(PREFILL_OK), decode, exporter)
+        response = await router._serve("completions", http_request(completion_body()))
         body = response.body_iterator
         await anext(body)  # the first event went out; then the client is gone
         await body.aclose()
@@ -353,8 +246,8 @@ def test_a_client_that_walks_away_ends_the_root_span_as_cancelled():
 def test_a_response_whose_body_never_starts_ends_the_root_span_in_its_background_task():
     async def run():
         exporter = InMemorySpanExporter()
-        router = _router(_config(), _Pool(PREFILL_OK), _Pool(DECODE_OK), exporter)
-        response = await router._serve("completions", _request(_body()))
+        router = build_router(config(), Pool(PREFILL_OK), Pool(DECODE_OK), exporter)
+        response = await router._serve("completions", http_request(completion_body()))
         assert "POST /v1/completions" not in _by_name(exporter)
         await response.background()
         assert "POST /v1/completions" in _by_name(exporter)
@@ -369,17 +262,17 @@ def test_a_response_whose_body_never_starts_ends_the_root_span_in_its_background
 def test_client_errors_leave_the_status_unset_and_server_errors_set_it():
     async def run(body, decode):
         exporter = InMemorySpanExporter()
-        router = _router(_config(), _Pool(PREFILL_OK), decode, exporter)
-        response = await router._serve("completions", _request(body))
+        router = build_router(config(), Pool(PREFILL_OK), decode, exporter)
+        response = await router._serve("completions", http_request(body))
         return response.status_code, _by_name(exporter)
 
-    status, spans = asyncio.run(run({"model": "other", "prompt": "x"}, _Pool(DECODE_OK)))
+    status, spans = asyncio.run(run({"model": "other", "prompt": "x"}, Pool(DECODE_OK)))
     root = _one(spans, "POST /v1/completions")
     assert status == root.attributes[tr.HTTP_STATUS] == 404
     assert root.status.status_code is StatusCode.UNSET and tr.ERROR_TYPE in root.attributes
     assert tr.DISPATCH not in spans
 
-    status, spans = asyncio.run(run(_body(), _Pool(RuntimeError("engine died"))))
+    status, spans = asyncio.run(run(completion_body(), Pool(RuntimeError("engine died"))))
     root = _one(spans, "POST /v1/completions")
     assert status == root.attributes[tr.HTTP_STATUS] == 500
     assert root.status.status_code is StatusCode.ERROR
@@ -399,7 +292,7 @@ def test_a_full_decode_queue_is_an_admission_span_with_its_reason():
             "tenancy": {"decode_max_in_flight": 1, "max_queued": 1},
         })
         tracing = tr.Tracing.from_config(cfg.tracing, exporter=exporter)
-        decode = _Pool(DECODE_OK)
+        decode = Pool(DECODE_OK)
         d = Dispatcher({"decode": decode}, cfg.disaggregation, RouterMetrics(),
                        Tenancy.from_config(cfg), tracing=tracing)
         req = GenerateRequest("cmpl-1", (1, 2, 3), Sampling(max_tokens=2))
@@ -450,7 +343,7 @@ def test_config_bounds_and_the_otlp_exporter_is_wired_without_a_global_provider(
 
 def test_a_chat_request_span_is_named_for_its_route():
     exporter = InMemorySpanExporter()
-    tracing = tr.Tracing.from_config(_config().tracing, exporter=exporter)
+    tracing = tr.Tracing.from_config(config().tracing, exporter=exporter)
     request = tracing.request("chat", {}, model="m")
     request.describe(tenant=DEFAULT_TENANT)
     request.answered(200)

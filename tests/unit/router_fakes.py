@@ -1,0 +1,163 @@
+"""Fakes to drive the router's real request path without Ray: scripted pool handles, an HTTP
+request, and a `Router` instance built by hand (its Serve constructor needs a cluster).
+
+The gates, tenancy, dispatcher, metrics and the Router's own request methods are the real ones.
+Used by test_tracing.py and test_observability.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+from starlette.requests import Request
+
+from splitserve.config import parse_config
+from splitserve.engine.messages import GenerateChunk, GenerateRequest
+from splitserve.router import tracing as tr
+from splitserve.router.dispatch import Dispatcher
+from splitserve.router.metrics import RouterMetrics
+from splitserve.router.prompts import PromptBuilder
+from splitserve.router.signals import SignalRecorder
+from splitserve.router.tenancy import Tenancy
+
+HANDOFF = {
+    "remote_engine_id": "prefill-x",
+    "remote_block_ids": [[1, 2]],
+    "remote_host": "127.0.0.1",
+    "remote_port": 5000,
+}
+KV_BYTES = 123_456
+
+
+class StreamResponse:
+    """Like a Serve streaming response: iterable once, and cancellable."""
+
+    def __init__(self, agen) -> None:
+        self.agen = agen
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self.agen
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Pool:
+    """A fake pool handle: each call plays the next scripted outcome, a list of chunks or an
+    exception (the last outcome repeats). An `asyncio.Event` outcome waits for it to be set,
+    then yields nothing more (a stream that hangs until the test lets it go)."""
+
+    def __init__(self, *outcomes) -> None:
+        self.outcomes = list(outcomes)
+        self.requests: list[GenerateRequest] = []
+
+    def options(self, **_):
+        return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
+
+    def _remote(self, req):
+        self.requests.append(req)
+        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+        return StreamResponse(self.run(outcome))
+
+    async def run(self, outcome):
+        """The chunks of one scripted outcome."""
+        await asyncio.sleep(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if isinstance(outcome, asyncio.Event):
+            await outcome.wait()
+            return
+        for chunk in outcome:
+            yield chunk
+            await asyncio.sleep(0)
+
+
+PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefill-0")]
+DECODE_OK = [
+    GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0"),
+    GenerateChunk((2,), "b", "length", num_cached_tokens=288, replica="decode-0",
+                  kv_bytes=KV_BYTES),
+]
+
+
+def config(tracing: dict | None = None, **disagg):
+    """A disaggregated config without the spill rule (tracing on unless given)."""
+    return parse_config({
+        "mode": "disaggregated",
+        "disaggregation": {"spill_to_decode": False, "offload_to_prefill": False, **disagg},
+        "tracing": {"enabled": True} if tracing is None else tracing,
+    })
+
+
+def dispatcher(
+    cfg, prefill: Pool, decode: Pool, tracing: tr.Tracing, *,
+    metrics: RouterMetrics | None = None, tenancy: Tenancy | None = None,
+) -> Dispatcher:
+    """The real dispatcher over fake pools."""
+    pools = {"prefill": prefill, "decode": decode}
+    metrics = metrics or RouterMetrics()
+    return Dispatcher(
+        pools, cfg.disaggregation, metrics, tenancy or Tenancy.from_config(cfg),
+        SignalRecorder(pools, observer=metrics), replicas={"prefill": 1, "decode": 1},
+        tracing=tracing,
+    )
+
+
+def build_router(cfg, prefill: Pool, decode: Pool, exporter=None):
+    """The Router's request path without Ray Serve: its class, built by hand."""
+    from splitserve.router.app import Router
+    from splitserve.router.pool_metrics import PoolStateCollector
+
+    class _Router(Router.func_or_class):
+        def __del__(self) -> None:  # Serve's wrapper has an async one, for a live replica
+            pass
+
+    router = object.__new__(_Router)
+    router.cfg = cfg
+    router.metrics = RouterMetrics()
+    router.tenancy = Tenancy.from_config(cfg, registry=router.metrics.registry)
+    router.tracing = tr.Tracing.from_config(cfg.tracing, exporter=exporter)
+    router.dispatcher = dispatcher(
+        cfg, prefill, decode, router.tracing, metrics=router.metrics, tenancy=router.tenancy
+    )
+    router.metrics.registry.register(
+        PoolStateCollector(router.tenancy.gates, router.dispatcher.replicas)
+    )
+    router._background = []
+    prompts = object.__new__(PromptBuilder)
+    prompts.tokenizer, prompts.max_model_len = [None] * 1000, cfg.model.max_model_len
+    router.prompts = prompts
+    return router
+
+
+def http_request(body: dict, headers: dict[str, str] | None = None) -> Request:
+    """A POST /v1/completions request with a JSON `body` (no disconnect while the test runs)."""
+    raw = json.dumps(body).encode()
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+        "headers": [(k.encode(), v.encode()) for k, v in (headers or {}).items()],
+    }
+    return Request(scope, receive)
+
+
+def completion_body(n_prompt: int = 300, stream: bool = True, max_tokens: int = 2) -> dict:
+    """A completion request body with an `n_prompt`-token prompt (token ids)."""
+    return {"model": "splitserve-tiny", "prompt": list(range(n_prompt)),
+            "max_tokens": max_tokens, "stream": stream}
+
+
+async def drain(response) -> list[bytes]:
+    """Every body chunk of a streamed response."""
+    return [event async for event in response.body_iterator]
