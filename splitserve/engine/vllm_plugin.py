@@ -10,6 +10,9 @@ then polls with a zero timeout and spins: measured here, an idle agent holds 86 
 in every engine worker, on the core that the worker computes on. With a delay, the thread
 waits in `epoll` (it still wakes on every socket event) and an idle agent uses 2 %. vLLM gives
 no setting for it, so the plugin substitutes `PROGRESS_DELAY_US` for a zero delay.
+
+It also installs per-request KV-transfer telemetry (`kv_telemetry`): the connector's measured
+duration and bytes of each transfer, tagged with the request they belong to.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import logging
 import sys
 from typing import Any
+
+from splitserve.engine import kv_telemetry
 
 log = logging.getLogger("splitserve.engine")
 
@@ -86,3 +91,4 @@ def patch_nixl_progress_delay() -> bool:
 def register() -> None:
     """vLLM general-plugin entry point: runs in every vLLM process, possibly several times."""
     patch_nixl_progress_delay()
+    kv_telemetry.install()

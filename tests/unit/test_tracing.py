@@ -9,6 +9,7 @@ Spans go to an `InMemorySpanExporter` on a provider of the test's own (no global
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -33,6 +34,7 @@ HANDOFF = {
     "remote_port": 5000,
 }
 KV_BYTES = 123_456
+KV_SECONDS = 0.004  # the decode worker's measured KV pull
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
@@ -80,7 +82,7 @@ PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefi
 DECODE_OK = [
     GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0"),
     GenerateChunk((2,), "b", "length", num_cached_tokens=288, replica="decode-0",
-                  kv_bytes=KV_BYTES),
+                  kv_bytes=KV_BYTES, kv_transfer_s=KV_SECONDS),
 ]
 
 
@@ -213,6 +215,59 @@ def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
     assert decode.attributes[tr.PREFILL_REMOTE] is True
     assert [e.name for e in decode.events] == [tr.FIRST_TOKEN]
     assert all(s.status.status_code is not StatusCode.ERROR for ss in spans.values() for s in ss)
+
+    # The measured KV pull: a child of the decode hop, ending at its first token and lasting
+    # what the connector measured.
+    kv = _one(spans, tr.KV_TRANSFER)
+    assert _parent_of(kv) == decode.context.span_id
+    assert dict(kv.attributes) == {
+        tr.KV_BYTES: KV_BYTES, tr.KV_BLOCKS: 2, tr.KV_BACKEND: "nixl", tr.KV_SECONDS: KV_SECONDS,
+    }
+    assert kv.end_time == decode.events[0].timestamp
+    assert kv.end_time - kv.start_time == round(KV_SECONDS * 1e9)
+
+
+def test_no_measured_transfer_no_kv_transfer_span_and_the_duration_metric_counts_per_request():
+    unmeasured = [dataclasses.replace(c, kv_transfer_s=None) for c in DECODE_OK]
+
+    async def run(decode_chunks):
+        exporter = InMemorySpanExporter()
+        router = _router(_config(), _Pool(PREFILL_OK), _Pool(decode_chunks), exporter)
+        await _drain(await router._serve("completions", _request(_body())))
+        registry = router.dispatcher.metrics.registry
+        count = registry.get_sample_value("splitserve_kv_transfer_duration_seconds_count")
+        total = registry.get_sample_value("splitserve_kv_transfer_duration_seconds_sum")
+        return _by_name(exporter), count, total
+
+    spans, count, total = asyncio.run(run(unmeasured))
+    assert tr.KV_TRANSFER not in spans and count == 0
+    assert _one(spans, tr.DECODE).attributes[tr.KV_BYTES] == KV_BYTES  # the computed bytes
+    spans, count, total = asyncio.run(run(DECODE_OK))
+    assert (count, total) == (1, pytest.approx(KV_SECONDS))
+    assert tr.KV_TRANSFER in spans
+
+
+def test_spans_go_to_a_json_lines_file_when_configured(tmp_path):
+    from splitserve.router.span_file import read_spans
+
+    path = tmp_path / "spans.jsonl"
+
+    async def run():
+        cfg = _config({"enabled": True, "file": str(path)})
+        router = _router(cfg, _Pool(PREFILL_OK), _Pool(DECODE_OK), None)
+        await _drain(await router._serve("completions", _request(_body())))
+        router.tracing.shutdown()
+
+    asyncio.run(run())
+    spans = {s["name"]: s for s in read_spans(str(path))}
+    root, decode, kv = spans["POST /v1/completions"], spans[tr.DECODE], spans[tr.KV_TRANSFER]
+    assert root["parent_id"] is None and root["kind"] == "SERVER"
+    assert {s["trace_id"] for s in spans.values()} == {root["trace_id"]}
+    assert kv["parent_id"] == decode["span_id"]
+    assert spans[tr.DISPATCH]["parent_id"] == root["span_id"]
+    assert kv["attributes"][tr.KV_BYTES] == KV_BYTES
+    assert kv["end_ns"] == decode["events"][0]["time_ns"]
+    assert root["attributes"][tr.HTTP_STATUS] == 200
 
 
 def test_an_incoming_traceparent_is_the_root_spans_parent():
