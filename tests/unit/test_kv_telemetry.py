@@ -137,6 +137,9 @@ def test_stats_cross_to_the_front_end_and_aggregate():
 
 
 def test_install_patches_vllm_and_degrades_to_a_no_op(monkeypatch, caplog):
+    from splitserve.engine import vllm_plugin
+
+    vllm_plugin.register()  # what vLLM runs in each of its processes
     assert kt.install() is True
     assert base_worker.NixlBaseConnectorWorker._pop_done_transfers.splitserve_patched
     assert NixlKVConnectorStats.reset.splitserve_patched
