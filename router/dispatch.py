@@ -245,16 +245,18 @@ class Dispatcher:
     ) -> AsyncIterator[GenerateChunk]:
         """One worker call on `pool`: its chunks, traced as the `hop` span (ended here).
         Closing the iterator cancels the worker request."""
-        n_out, kv_bytes, last, first = 0, 0, None, None
+        n_out, kv_bytes, last, first, first_ns = 0, 0, None, None, None
         gen = self.pools[pool].options(stream=True).generate.remote(req)
         try:
             async for chunk in gen:
                 if chunk.kv_bytes:
                     kv_bytes += chunk.kv_bytes
                     self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
+                if chunk.kv_transfer_s is not None:
+                    self.metrics.kv_transfer_duration.observe(chunk.kv_transfer_s)
                 if chunk.token_ids and first is None:
-                    first = time.perf_counter()
-                    hop.add_event(FIRST_TOKEN)
+                    first, first_ns = time.perf_counter(), time.time_ns()
+                    hop.add_event(FIRST_TOKEN, timestamp=first_ns)
                 n_out += len(chunk.token_ids)
                 last = chunk
                 yield chunk
@@ -269,6 +271,7 @@ class Dispatcher:
                     remote=req.kv_transfer_params is not None,
                     ttft_s=None if first is None else first - start,
                 ))
+                self.tracing.kv_transfer(hop, last, req.kv_transfer_params, end_ns=first_ns)
             hop.end()
 
     async def _admitted_prefill(

@@ -109,6 +109,13 @@ class RouterMetrics:
             buckets=tuple(2**k for k in range(12, 34, 2)),
             registry=r,
         )
+        self.kv_transfer_duration = Histogram(
+            "splitserve_kv_transfer_duration_seconds",
+            "Per remote-prefill request: how long its KV pull over NIXL took, as the decode "
+            "worker's connector measured it (post to completion).",
+            buckets=(0.0005, 0.001, 0.0025) + _LATENCY_BUCKETS,
+            registry=r,
+        )
         self.disagg_reasons = Counter(
             "splitserve_disagg_reasons",
             "Conditional disaggregation decisions by reason: remote, or local because the prompt "

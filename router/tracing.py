@@ -12,11 +12,14 @@ One trace per request; span names and attributes (GenAI semantic conventions whe
        │  └─ splitserve.prefill.attempt                one per try: attempt, replica, error.type
        ├─ splitserve.admission                         pool=decode, queue wait
        └─ splitserve.decode                            one per decode hop (a continuation on
-                                                       another replica after a failure has
-                                                       splitserve.decode.migration); replica,
-                                                       first_token event,
-                                                       splitserve.kv_transfer.bytes, cached and
-                                                       output tokens
+          │                                            another replica after a failure has
+          │                                            splitserve.decode.migration); replica,
+          │                                            first_token event,
+          │                                            splitserve.kv_transfer.bytes, cached and
+          │                                            output tokens
+          └─ splitserve.kv_transfer                    the KV pull the decode worker's NIXL
+                                                       connector measured: bytes, blocks,
+                                                       backend, duration_s (see `kv_transfer`)
 
 The root span ends when the response is over: for a streamed response when its chunk stream is
 closed (last event sent, client gone, or the response dropped), not when the handler returns.
@@ -58,6 +61,7 @@ DISPATCH = "splitserve.dispatch"
 PREFILL = "splitserve.prefill"
 PREFILL_ATTEMPT = "splitserve.prefill.attempt"
 DECODE = "splitserve.decode"
+KV_TRANSFER = "splitserve.kv_transfer"
 FIRST_TOKEN = "first_token"  # event on the decode span
 
 # Attribute names: OTel semantic conventions (HTTP, GenAI, error) ...
@@ -90,6 +94,9 @@ FALLBACK_REASON = "splitserve.prefill.fallback_reason"
 REQUEST_ID = "splitserve.request_id"
 REPLICA = "splitserve.replica"
 KV_BYTES = "splitserve.kv_transfer.bytes"
+KV_BLOCKS = "splitserve.kv_transfer.blocks"
+KV_BACKEND = "splitserve.kv_transfer.backend"
+KV_SECONDS = "splitserve.kv_transfer.duration_s"  # measured by the connector (post to completion)
 CACHED_TOKENS = "splitserve.cached_tokens"
 TTFT = "splitserve.time_to_first_token_s"
 
@@ -146,8 +153,8 @@ class Tracing:
         cls, cfg: TracingConfig, *, exporter: SpanExporter | None = None
     ) -> Tracing:
         """A provider sampling `ParentBased(TraceIdRatioBased(sample_ratio))`, exporting over
-        OTLP/HTTP in batches when `otlp_endpoint` is set, and synchronously to `exporter` (tests:
-        an `InMemorySpanExporter`). Disabled config: `NOOP_TRACING`, `exporter` unused."""
+        OTLP/HTTP in batches when `otlp_endpoint` is set, as JSON lines to `file` when set
+        (`span_file`), and synchronously to `exporter` (tests: an `InMemorySpanExporter`). Disabled config: `NOOP_TRACING`, `exporter` unused."""
         if not cfg.enabled:
             return NOOP_TRACING
         provider = TracerProvider(
@@ -160,6 +167,10 @@ class Tracing:
             provider.add_span_processor(
                 BatchSpanProcessor(OTLPSpanExporter(endpoint=cfg.otlp_endpoint))
             )
+        if cfg.file:
+            from splitserve.router.span_file import JsonLinesSpanExporter
+
+            provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(cfg.file)))
         if exporter is not None:
             provider.add_span_processor(SimpleSpanProcessor(exporter))
         return cls(provider.get_tracer("splitserve.router"), provider)
@@ -181,6 +192,31 @@ class Tracing:
         if self.tracer is None:
             return None
         return trace.set_span_in_context(span)
+
+    def kv_transfer(
+        self, hop: Span, last: GenerateChunk | None, params: Mapping[str, Any] | None,
+        *, end_ns: int | None,
+    ) -> None:
+        """A `splitserve.kv_transfer` child of the decode `hop`, when its worker reported a
+        measured transfer on its `last` chunk. `params`: the decode request's handoff.
+
+        The duration is the connector's measurement (NIXL telemetry, post to completion, the
+        longest of the request's transfers); the placement is an approximation: the span ends
+        at `end_ns`, when the hop's first chunk reached the router (None: now), a little after
+        the transfer really ended (the first token's forward pass and the trip back lie between).
+        """
+        if not hop.is_recording() or last is None or last.kv_transfer_s is None:
+            return
+        end_ns = time.time_ns() if end_ns is None else end_ns
+        span = self.tracer.start_span(  # type: ignore[union-attr] - recording: tracer is set
+            KV_TRANSFER, context=trace.set_span_in_context(hop),
+            start_time=end_ns - round(last.kv_transfer_s * 1e9),
+        )
+        span.set_attributes({
+            KV_BYTES: last.kv_bytes, KV_BLOCKS: handoff_blocks(params), KV_BACKEND: "nixl",
+            KV_SECONDS: last.kv_transfer_s,
+        })
+        span.end(end_time=end_ns)
 
     def request(
         self, endpoint: str, headers: Mapping[str, str], *, model: str
@@ -369,3 +405,11 @@ def decode_attributes(
     if ttft_s is not None:
         attrs[TTFT] = ttft_s
     return attrs
+
+
+def handoff_blocks(params: Mapping[str, Any] | None) -> int:
+    """KV blocks a decode request's handoff names (`remote_block_ids`: one list per KV-cache
+    group, or a flat list); 0 without a handoff."""
+    blocks = (params or {}).get("remote_block_ids") or []
+    first = blocks[0] if blocks else []
+    return len(first) if isinstance(first, (list, tuple)) else len(blocks)

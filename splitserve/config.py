@@ -381,6 +381,12 @@ class TracingConfig(_Strict):
     service_name: str = Field(
         "splitserve-router", min_length=1, description="The `service.name` resource attribute."
     )
+    file: str | None = Field(
+        None,
+        description="Also append every span to this file, one JSON object per line "
+        "(`splitserve.router.span_file`): for tests and debugging on one machine, where no "
+        "collector runs. Every router replica appends to the same path.",
+    )
 
 
 class ObservabilityConfig(_Strict):

@@ -211,15 +211,18 @@ class EngineHost:
                 logprobs = None
                 if req.sampling.logprobs is not None and comp.logprobs:
                     logprobs = token_logprobs(comp.token_ids, comp.logprobs, req.sampling.logprobs)
+                done = out.finished
+                measured = self._stats.pop_request_transfer(req.request_id) if done else None
                 yield GenerateChunk(
                     token_ids=tuple(comp.token_ids),
                     text=comp.text,
-                    finish_reason=comp.finish_reason if out.finished else None,
+                    finish_reason=comp.finish_reason if done else None,
                     num_prompt_tokens=len(out.prompt_token_ids or ()),
                     num_cached_tokens=out.num_cached_tokens or 0,
                     replica=self._holder,
-                    kv_bytes=pulled if out.finished else 0,
-                    kv_transfer_params=out.kv_transfer_params if out.finished else None,
+                    kv_bytes=(measured.bytes if measured else pulled) if done else 0,
+                    kv_transfer_s=measured.seconds if measured else None,
+                    kv_transfer_params=out.kv_transfer_params if done else None,
                     logprobs=logprobs,
                 )
         except Exception as err:  # noqa: BLE001 - cancellation (BaseException) passes through
@@ -230,6 +233,8 @@ class EngineHost:
                     self.replica_id, str(err), getattr(err, "parameter", None)
                 ) from None
             raise WorkerError(self.replica_id, f"{type(err).__name__}: {err}") from None
+        finally:  # an aborted or failed request's measurement is of no use to anyone
+            self._stats.pop_request_transfer(req.request_id)
 
     async def _inject_faults(self, req: GenerateRequest) -> None:
         """Tests only (`faults` config): slow or fail this request before the engine sees it."""

@@ -94,7 +94,11 @@ class GenerateChunk:
     num_cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     replica: str = ""  # the worker replica that produced it (debugging, routing tests)
-    kv_bytes: int = 0  # last chunk of a remote-prefill request: KV bytes pulled over NIXL
+    # Last chunk of a remote-prefill request: the KV bytes pulled over NIXL (as the connector
+    # measured them; computed from the handoff's blocks when no measurement came) and the
+    # connector's measured transfer time (None: not measured).
+    kv_bytes: int = 0
+    kv_transfer_s: float | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id (when asked for)
     index: int = 0  # the choice this chunk belongs to (requests with n > 1)
 

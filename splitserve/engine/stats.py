@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
+from splitserve.engine.kv_telemetry import REQUEST_TRANSFERS, external_request_id
 from splitserve.engine.messages import EngineStats
+
+# Requests whose measured KV transfer is kept until their host collects it. A request's entry is
+# collected when it finishes; this bound only drops entries of requests nobody collects (aborted
+# or failed ones), oldest first.
+MAX_REQUEST_TRANSFERS = 4096
+
+
+@dataclass
+class RequestTransfer:
+    """The measured KV transfer(s) of one request (one per remote rank, running concurrently)."""
+
+    seconds: float = 0.0  # the longest transfer's post-to-completion time
+    bytes: int = 0  # summed over its transfers
+    transfers: int = 0
 
 
 class LatestStats:
@@ -23,6 +40,7 @@ class LatestStats:
         self.kv_seconds = 0.0
         self.kv_failures = 0
         self.kv_handoffs_expired = 0  # counted by the host: handoffs recomputed, never pulled
+        self.requests: OrderedDict[str, RequestTransfer] = OrderedDict()
 
     def factory(self, vllm_config: Any, engine_index: int = 0):
         """A vLLM `StatLoggerFactory` bound to this holder."""
@@ -55,6 +73,23 @@ class LatestStats:
         self.kv_seconds += float(sum(stats.get("transfer_duration", ())))
         for key in ("num_failed_transfers", "num_failed_handshakes", "num_kv_expired_reqs"):
             self.kv_failures += len(stats.get(key, ()))
+        for req_id, seconds, n_bytes in stats.get(REQUEST_TRANSFERS, ()):
+            self._add_request_transfer(external_request_id(req_id), float(seconds), int(n_bytes))
+
+    def _add_request_transfer(self, request_id: str, seconds: float, n_bytes: int) -> None:
+        entry = self.requests.get(request_id)
+        if entry is None:
+            entry = self.requests[request_id] = RequestTransfer()
+            while len(self.requests) > MAX_REQUEST_TRANSFERS:
+                self.requests.popitem(last=False)
+        entry.seconds = max(entry.seconds, seconds)
+        entry.bytes += n_bytes
+        entry.transfers += 1
+
+    def pop_request_transfer(self, request_id: str) -> RequestTransfer | None:
+        """The measured KV transfer of `request_id` (the caller's id), once; None when the
+        connector reported none (local prefill, telemetry off, or not in yet)."""
+        return self.requests.pop(request_id, None)
 
     def snapshot(self, *, role: str, replica: str, num_unfinished: int) -> EngineStats:
         """An `EngineStats` from the latest step."""

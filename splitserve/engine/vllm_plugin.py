@@ -18,6 +18,9 @@ partial step is discarded, and vLLM rewinds the request's generator with
 "CPU Generator does not use offset" and the engine dies, taking every request with it. The
 plugin makes the CPU model runner save those generators' state before sampling and restore it
 after (the same rewind), and hides them from the CUDA-only rewind (`patch_cpu_seeded_sampling`).
+
+Third: it installs per-request KV-transfer telemetry (`kv_telemetry`): the connector's measured
+duration and bytes of each transfer, tagged with the request they belong to.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from splitserve.engine import kv_telemetry
 
 log = logging.getLogger("splitserve.engine")
 
@@ -180,3 +185,4 @@ def register() -> None:
     """vLLM general-plugin entry point: runs in every vLLM process, possibly several times."""
     patch_nixl_progress_delay()
     patch_cpu_seeded_sampling()
+    kv_telemetry.install()

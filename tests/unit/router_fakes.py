@@ -29,6 +29,7 @@ HANDOFF = {
     "remote_port": 5000,
 }
 KV_BYTES = 123_456
+KV_SECONDS = 0.004  # the decode worker's measured KV pull
 
 
 class StreamResponse:
@@ -79,7 +80,7 @@ PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefi
 DECODE_OK = [
     GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0"),
     GenerateChunk((2,), "b", "length", num_cached_tokens=288, replica="decode-0",
-                  kv_bytes=KV_BYTES),
+                  kv_bytes=KV_BYTES, kv_transfer_s=KV_SECONDS),
 ]
 
 

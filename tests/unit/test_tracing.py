@@ -10,6 +10,7 @@ Spans go to an `InMemorySpanExporter` on a provider of the test's own (no global
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,6 +27,7 @@ from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
 from router_fakes import (
     DECODE_OK,
     KV_BYTES,
+    KV_SECONDS,
     PREFILL_OK,
     Pool,
     build_router,
@@ -105,6 +107,59 @@ def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
     assert decode.attributes[tr.PREFILL_REMOTE] is True
     assert [e.name for e in decode.events] == [tr.FIRST_TOKEN]
     assert all(s.status.status_code is not StatusCode.ERROR for ss in spans.values() for s in ss)
+
+    # The measured KV pull: a child of the decode hop, ending at its first token and lasting
+    # what the connector measured.
+    kv = _one(spans, tr.KV_TRANSFER)
+    assert _parent_of(kv) == decode.context.span_id
+    assert dict(kv.attributes) == {
+        tr.KV_BYTES: KV_BYTES, tr.KV_BLOCKS: 2, tr.KV_BACKEND: "nixl", tr.KV_SECONDS: KV_SECONDS,
+    }
+    assert kv.end_time == decode.events[0].timestamp
+    assert kv.end_time - kv.start_time == round(KV_SECONDS * 1e9)
+
+
+def test_no_measured_transfer_no_kv_transfer_span_and_the_duration_metric_counts_per_request():
+    unmeasured = [dataclasses.replace(c, kv_transfer_s=None) for c in DECODE_OK]
+
+    async def run(decode_chunks):
+        exporter = InMemorySpanExporter()
+        router = build_router(config(), Pool(PREFILL_OK), Pool(decode_chunks), exporter)
+        await drain(await router._serve("completions", http_request(completion_body())))
+        registry = router.dispatcher.metrics.registry
+        count = registry.get_sample_value("splitserve_kv_transfer_duration_seconds_count")
+        total = registry.get_sample_value("splitserve_kv_transfer_duration_seconds_sum")
+        return _by_name(exporter), count, total
+
+    spans, count, total = asyncio.run(run(unmeasured))
+    assert tr.KV_TRANSFER not in spans and count == 0
+    assert _one(spans, tr.DECODE).attributes[tr.KV_BYTES] == KV_BYTES  # the computed bytes
+    spans, count, total = asyncio.run(run(DECODE_OK))
+    assert (count, total) == (1, pytest.approx(KV_SECONDS))
+    assert tr.KV_TRANSFER in spans
+
+
+def test_spans_go_to_a_json_lines_file_when_configured(tmp_path):
+    from splitserve.router.span_file import read_spans
+
+    path = tmp_path / "spans.jsonl"
+
+    async def run():
+        cfg = config({"enabled": True, "file": str(path)})
+        router = build_router(cfg, Pool(PREFILL_OK), Pool(DECODE_OK), None)
+        await drain(await router._serve("completions", http_request(completion_body())))
+        router.tracing.shutdown()
+
+    asyncio.run(run())
+    spans = {s["name"]: s for s in read_spans(str(path))}
+    root, decode, kv = spans["POST /v1/completions"], spans[tr.DECODE], spans[tr.KV_TRANSFER]
+    assert root["parent_id"] is None and root["kind"] == "SERVER"
+    assert {s["trace_id"] for s in spans.values()} == {root["trace_id"]}
+    assert kv["parent_id"] == decode["span_id"]
+    assert spans[tr.DISPATCH]["parent_id"] == root["span_id"]
+    assert kv["attributes"][tr.KV_BYTES] == KV_BYTES
+    assert kv["end_ns"] == decode["events"][0]["time_ns"]
+    assert root["attributes"][tr.HTTP_STATUS] == 200
 
 
 def test_an_incoming_traceparent_is_the_root_spans_parent():
