@@ -157,18 +157,18 @@ def test_offloaded_requests_run_whole_on_the_prefill_replica() -> None:
     # margin, so later arrivals run prefill and decode on the prefill replica.
     n = 12
     trace = replay_trace(np.arange(n) * 0.01, [128] * n, [256] * n, rate=100.0)
-    on = run_fixed(conditional(), trace)
+    on = run_fixed(conditional(offload_to_prefill=True), trace)
     off = run_fixed(conditional(offload_to_prefill=False), trace)
     assert on.paths.get("offload", 0) > 0 and "offload" not in off.paths
     assert on.completed == off.completed == n
     # Two engines decode instead of one: the streams finish sooner.
     assert on.tpot_p50_s < off.tpot_p50_s
     # Deterministic: the same seed gives the same run.
-    assert run_fixed(conditional(), trace).paths == on.paths
+    assert run_fixed(conditional(offload_to_prefill=True), trace).paths == on.paths
 
 
 def test_one_offloaded_request_costs_what_a_colocated_one_does() -> None:
-    d = conditional(offload_margin_tokens=0, decode_stream_cost_tokens=64)
+    d = conditional(offload_to_prefill=True, offload_margin_tokens=0, decode_stream_cost_tokens=64)
     c = d.cost()
     # The first request decodes on decode (short); then decode holds one stream (64 tokens of
     # load) against an idle prefill pool: the second request is offloaded.
