@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +62,7 @@ from splitserve.router.routing import (
 from splitserve.router.tenancy import cache_salt_for, generate_api_key, hash_api_key
 
 from splitserve.bench.client import Target, make_client, send_one
-from splitserve.bench.overhead import direct_latency, paired_overhead, pct_ms, routed_latency
+from splitserve.bench.overhead import paired_overhead, sweep
 from splitserve.bench.report import write_json, write_requests
 from splitserve.bench.results import RequestResult
 from splitserve.bench.stats import percentiles
@@ -380,64 +379,6 @@ def bench_prefix(args: argparse.Namespace, out: Path, results: dict[str, Any], s
 def short_prompt(seed: int) -> list[int]:
     """A fixed prompt shorter than one KV block."""
     return [int(t) for t in np.random.default_rng([seed, 20]).integers(*TOKENS, SHORT_PROMPT_LEN)]
-
-
-async def closed_loop(send, concurrency: int, seconds: float, warm_s: float = 1.0) -> dict:
-    """`concurrency` workers each calling `send(i)` back to back; completions per second counted
-    in a window of `seconds` after `warm_s`, and their latency."""
-    t0 = time.perf_counter()
-    start, stop = t0 + warm_s, t0 + warm_s + seconds
-    done: list[tuple[float, float]] = []
-    errors = 0
-
-    async def worker(w: int) -> None:
-        nonlocal errors
-        i = w
-        while time.perf_counter() < stop:
-            t = time.perf_counter()
-            try:
-                await send(i)
-                done.append((time.perf_counter(), time.perf_counter() - t))
-            except Exception:  # noqa: BLE001 - counted, the sweep goes on
-                errors += 1
-            i += concurrency
-
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    window = [lat for end, lat in done if start <= end <= stop]
-    return {
-        "concurrency": concurrency,
-        "requests_per_s": round(len(window) / seconds, 2),
-        "latency_p50_ms": pct_ms(window, 50) if window else None,
-        "errors": errors,
-    }
-
-
-async def sweep(
-    base: str, handle, ids: list[int], headers: list[dict], levels: Sequence[int], seconds: float
-) -> dict:
-    """Closed-loop rate per concurrency level through the router, then direct at the top."""
-    limits = httpx.Limits(max_connections=max(levels), max_keepalive_connections=max(levels))
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
-        points = []
-        for c in levels:
-            points.append(
-                await closed_loop(
-                    lambda i: routed_latency(client, ids, headers=headers[i % len(headers)]), c, seconds
-                )
-            )
-    direct = await closed_loop(
-        lambda i: direct_latency(handle, ids, tag=f"s{i}-{time.time_ns()}"), max(levels), seconds
-    )
-    best = max(p["requests_per_s"] for p in points)
-    return {
-        "points": points,
-        "max_requests_per_s": best,
-        "direct_at_top_concurrency": direct,
-        # the same deployment's engine-alone rate: shared-machine noise hits both
-        "router_over_direct": round(best / direct["requests_per_s"], 3)
-        if direct["requests_per_s"]
-        else None,
-    }
 
 
 def run_tenancy(args: argparse.Namespace, mode: str) -> dict[str, Any]:
