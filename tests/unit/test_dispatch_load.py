@@ -21,12 +21,7 @@ from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad
 from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
 
-HANDOFF = {
-    "remote_engine_id": "prefill-x",
-    "remote_block_ids": [[1, 2]],
-    "remote_host": "127.0.0.1",
-    "remote_port": 5000,
-}
+from router_fakes import HANDOFF, StreamResponse
 
 
 class _Gated:
@@ -38,14 +33,14 @@ class _Gated:
         self.release = asyncio.Event()
         self.started = asyncio.Event()
         self.requests: list[GenerateRequest] = []
-        self.streams: list[_Iter] = []
+        self.streams: list[StreamResponse] = []
 
     def options(self, **_):
         return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
 
     def _remote(self, req):
         self.requests.append(req)
-        self.streams.append(_Iter(self._run()))
+        self.streams.append(StreamResponse(self._run()))
         return self.streams[-1]
 
     async def _run(self):
@@ -55,20 +50,6 @@ class _Gated:
             raise self.fail
         for c in self.chunks:
             yield c
-
-
-class _Iter:
-    """Like a Serve streaming response: iterable once, and cancellable."""
-
-    def __init__(self, agen) -> None:
-        self.agen = agen
-        self.cancelled = False
-
-    def __aiter__(self):
-        return self.agen
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 def _setup(**disagg):
