@@ -2,13 +2,15 @@
 
     .venv/bin/python scripts/sim_mixes.py [--rate 800] [--duration 300] [--slo 1000/100 ...]
         [--mix NAME ...] [--model llama-3-8b] [--accelerator h100-80gb] [--seed 0]
-        [--set disaggregation.KEY=VALUE ...] [--out FILE]
+        [--router-replicas N] [--set disaggregation.KEY=VALUE ...] [--out FILE]
 
 For every mix (`controller/sim/mixes.py`: chat 512/256, summarization 4096/128, code 256/1024,
 rag 2048/256, short 128/64 mean prompt / output tokens) and every `--slo` (TTFT ms / TPOT ms),
 a steady trace runs on three fixed deployments sized by the planner: colocated, disaggregated
 (every prompt remote) and conditional (the disaggregated pools, each prompt routed by the
-router's `prefill_path` with the default config's `disaggregation` settings plus `--set`).
+router's `prefill_path` with the default config's `disaggregation` settings plus `--set`,
+with one router replica per 50 req/s unless `--router-replicas`: each replica's policy sees only
+its own share of the work in flight).
 Prints a markdown table: goodput per device (SLO attainment, devices held), the plans, and the
 conditional arm's path shares. About 10-30 s of CPU per run at the defaults (15 runs per SLO).
 """
@@ -64,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="llama-3-8b", help="shape name or model dir")
     p.add_argument("--accelerator", default="h100-80gb", choices=sorted(ACCELERATORS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--router-replicas", type=int,
+                   help="router replicas of the conditional arm (default: one per 50 req/s)")
     p.add_argument("--set", action="append", default=[], metavar="disaggregation.KEY=VALUE",
                    help="the conditional arm's routing settings (repeatable)")
     p.add_argument("--out", help="also write the results as JSON here")
@@ -85,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += compare_mixes(mixes, rate=args.rate, duration_s=args.duration, slo=slo,
                               routing=args.routing, model=args.model,
                               accelerator=args.accelerator, seed=args.seed,
+                              router_replicas=args.router_replicas,
                               progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     print(format_table(rows))
     if args.out:

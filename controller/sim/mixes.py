@@ -18,6 +18,7 @@ that meet both SLOs (TTFT p90 target and mean TPOT per request), divided by the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,16 @@ from splitserve.config import DisaggregationConfig
 # Context of every mix's trace: Llama-3-8B's 8,192 tokens, so a long-prompt mix's log-normal
 # tail is not clipped much harder than a short one's.
 MIX_MAX_MODEL_LEN = 8192
+# Requests/s one router replica is given: the highest rate measured through one router replica
+# was 51-70 req/s (BENCHMARKS.md, tenancy), on a core it shared with an engine. The router's
+# policy counts only its own replica's work in flight (`max_prefill_queue` is per replica), so
+# a cluster-scale rate needs the router replicas a deployment would run.
+ROUTER_REPLICA_RPS = 50.0
+
+
+def router_replicas_for(rate: float) -> int:
+    """Router replicas a deployment serving `rate` requests/s would run."""
+    return max(1, math.ceil(rate / ROUTER_REPLICA_RPS - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,10 @@ class MixRow:
 
 def run_arm(mix: Mix, arm: str, *, rate: float, duration_s: float, slo: Slo,
             routing: DisaggregationConfig, model: str = "llama-3-8b",
-            accelerator: str = "h100-80gb", seed: int = 0) -> Arm:
-    """Simulate `mix` on one deployment (`arm`, one of `ARMS`) sized by the planner."""
+            accelerator: str = "h100-80gb", seed: int = 0,
+            router_replicas: int | None = None) -> Arm:
+    """Simulate `mix` on one deployment (`arm`, one of `ARMS`) sized by the planner
+    (`router_replicas`, the conditional arm's: default `router_replicas_for(rate)`)."""
     if arm not in ARMS:
         raise ValueError(f"arm {arm!r}; known: {', '.join(ARMS)}")
     trace = TraceSpec("steady", rate, duration_s, prompt_mean=mix.prompt_tokens,
@@ -89,7 +102,8 @@ def run_arm(mix: Mix, arm: str, *, rate: float, duration_s: float, slo: Slo,
     mode = "colocated" if arm == "colocated" else "disaggregated"
     scn = Scenario(trace=trace, model=model, accelerator=accelerator, mode=mode,
                    policy="fixed-peak", slo=slo, seed=seed,
-                   routing=routing if arm == "conditional" else None)
+                   routing=routing if arm == "conditional" else None,
+                   router_replicas=router_replicas or router_replicas_for(rate))
     sim, plan, tr = build(scn)
     raw = sim.run()
     result = summarize(raw, tr, slo, sim.pools, sim.timeline, "fixed-peak", arm)
@@ -101,7 +115,7 @@ def compare_mixes(mixes: Sequence[Mix], *, rate: float, duration_s: float, slo: 
                   **kwargs) -> list[MixRow]:
     """Every mix on every arm. `routing`: the conditional arm's settings (default: the
     config's defaults); `progress(arm_label)` is called after each run; `kwargs` go to
-    `run_arm` (model, accelerator, seed)."""
+    `run_arm` (model, accelerator, seed, router_replicas)."""
     routing = routing or DisaggregationConfig()
     rows = []
     for mix in mixes:

@@ -55,6 +55,7 @@ class Scenario:
     # prompt's path with `prefill_path` (None: every prompt is prefilled remotely, the pure
     # disaggregation the planner sizes the pools for).
     routing: DisaggregationConfig | None = None
+    router_replicas: int = 1  # router replicas sharing the traffic (each routes its own share)
 
 
 def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
@@ -75,7 +76,8 @@ def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
     control = ControlSpec(scn.policy, scn.params, pool_targets(plan, costs, scn.slo, maxes),
                           queue_targets(plan, maxes))
     ctl = Controller(control, {role: s.replicas for role, s in specs.items()})
-    return Simulation(trace, specs, ctl, seed=scn.seed, routing=scn.routing), plan, trace
+    return Simulation(trace, specs, ctl, seed=scn.seed, routing=scn.routing,
+                      router_replicas=scn.router_replicas), plan, trace
 
 
 def run_scenario(scn: Scenario) -> tuple[SimResult, list[dict]]:
