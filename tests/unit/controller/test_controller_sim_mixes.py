@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from splitserve.controller.planner import Slo
+from splitserve.controller.sim import Scenario, TraceSpec, build
 from splitserve.controller.sim.mixes import MIXES, Mix, compare_mixes, format_table, run_arm
 
 from splitserve.config import DisaggregationConfig
@@ -84,3 +85,14 @@ def test_script_refuses_bad_options(capsys) -> None:
             script.parse_args(argv)
         assert err.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_each_router_replica_sees_its_share_of_the_work_in_flight() -> None:
+    trace = TraceSpec("steady", 20, 10)
+    sim, _, _ = build(Scenario(trace=trace, routing=DisaggregationConfig(), router_replicas=4))
+    sim.remote_reqs, sim.remote_tokens, sim.decode_streams = 80, 40_000, 12
+    load = sim.load()
+    assert (load.prefill_requests, load.prefill_tokens, load.decode_streams) == (20, 10_000, 3)
+    assert load.prefill_replicas == len(sim.front.routable)  # every pool replica, unshared
+    with pytest.raises(ValueError, match="router_replicas"):
+        build(Scenario(trace=trace, router_replicas=0))
