@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from splitserve.controller.autoscale import (
     PolicyParams,
@@ -45,6 +45,21 @@ class ControlSpec:
             raise ValueError(f"policy {self.policy!r}; known: {', '.join(POLICIES)}")
 
 
+def with_upstream_demand(samples: Mapping[str, PoolSample]) -> Mapping[str, PoolSample]:
+    """The samples with the decode pool's entering output tokens raised to the prefill pool's.
+
+    Every request entering the prefill pool reaches decode one TTFT later, so the output tokens
+    it will need are decode's demand already. Counted only where they reach decode, a burst is
+    hidden while the prefill pool is backlogged (decode sees prefill's throughput, not the
+    arrivals) and decode starts its replicas only after prefill has caught up: a second
+    start-up in series. In steady state the two rates agree and nothing changes.
+    """
+    prefill, decode = samples.get("prefill"), samples.get("decode")
+    if prefill is None or decode is None or prefill.out_token_rate <= decode.out_token_rate:
+        return samples
+    return {**samples, "decode": replace(decode, out_token_rate=prefill.out_token_rate)}
+
+
 class Controller:
     """Holds each pool's sample window and policy state between control periods."""
 
@@ -64,6 +79,8 @@ class Controller:
     def step(self, samples: Mapping[str, PoolSample]) -> dict[str, PoolDecision]:
         """One control period: the decision for every pool (fixed-peak: keep the count)."""
         out = {}
+        if self.spec.policy == "ours":
+            samples = with_upstream_demand(samples)
         for role, sample in samples.items():
             window = self.windows[role]
             window.append(sample)

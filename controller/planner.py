@@ -238,16 +238,18 @@ def plan_decode(c: ReplicaCost, w: Workload, slo: Slo) -> PoolPlan | str:
 
 def _colocated_at(c: ReplicaCost, w: Workload, replicas: int) -> tuple[float, float, float, float]:
     """(rho_prefill, batch, tpot, p90 ttft) of a colocated pool of `replicas`: prefill has
-    priority, so decode advances only in the (1 - rho) of the time left (DistServe's baseline)."""
+    priority, so decode advances only in the (1 - rho) of the time left (DistServe's baseline).
+    A colocated PP replica is not pipelined: its decode pauses for each whole prefill, so it
+    starts the next prompt only after the last stage (as the simulator runs it)."""
     prefill = c.prefill_s(w.prompt_tokens)
-    rho = w.rate * prefill / c.pp / replicas
+    rho = w.rate * prefill / replicas
     if rho >= 1:
         return rho, math.inf, math.inf, math.inf
     ctx, batch, tpot = w.inflight_context, 1.0, 0.0
     for _ in range(20):  # fixed point of batch = rate x output x tpot / replicas
         tpot = c.decode_step_s(batch, batch * ctx) / (1 - rho)
         batch = max(1.0, w.rate * w.output_tokens * tpot / replicas)
-    ttft = prefill + _p90_wait(prefill / c.pp, rho) + tpot
+    ttft = prefill + _p90_wait(prefill, rho) + tpot
     return rho, batch, tpot, ttft
 
 
@@ -257,7 +259,7 @@ def plan_colocated(c: ReplicaCost, w: Workload, slo: Slo) -> PoolPlan | str:
     fit = min(c.kv_capacity_tokens // per_request, MAX_DECODE_BATCH)
     if fit < 1:
         return f"KV for one {per_request}-token request does not fit"
-    replicas = max(1, math.ceil(w.rate * c.prefill_s(w.prompt_tokens) / c.pp))
+    replicas = max(1, math.ceil(w.rate * c.prefill_s(w.prompt_tokens)))
     while replicas <= MAX_SEARCH_REPLICAS:
         rho, batch, tpot, ttft = _colocated_at(c, w, replicas)
         if (rho <= MAX_PREFILL_UTILIZATION and batch <= fit * DECODE_FILL

@@ -279,7 +279,9 @@ class Dispatcher:
     ) -> KVHandoff | None:
         """The prefill hop behind the prefill gate; a full prefill queue means "prefill locally"."""
         start = time.perf_counter()
-        self.signals.arrival("prefill", len(req.prompt_token_ids), 0)
+        # The output tokens it will need in decode count here too: decode scales on them
+        # before the request reaches it (controller/control.py, with_upstream_demand).
+        self.signals.arrival("prefill", len(req.prompt_token_ids), req.sampling.max_tokens or 0)
         hop = self.tracing.start(PREFILL, parent)
         try:
             async with self.tracing.admit(

@@ -41,12 +41,16 @@ PENDING, DONE, REJECTED = 0, 1, 2
 class Simulation:
     """One run over one trace. `pools`: {"prefill", "decode"} or {"colocated"}. `routing`:
     disaggregated only, the conditional-disaggregation settings the router's policy decides
-    with (None: every prompt is prefilled remotely)."""
+    with (None: every prompt is prefilled remotely). `router_replicas`: how many router
+    replicas share the traffic; each decides with its own share of the work in flight (the
+    policy's counts are per router replica), modelled as 1/`router_replicas` of the pools'."""
 
     def __init__(self, trace: Trace, specs: dict[str, PoolSpec], controller: Controller,
                  seed: int = 0, drain_s: float = 600.0,
-                 routing: DisaggregationConfig | None = None) -> None:
-        self.trace, self.ctl = trace, controller
+                 routing: DisaggregationConfig | None = None, router_replicas: int = 1) -> None:
+        if router_replicas < 1:
+            raise ValueError("router_replicas must be at least 1")
+        self.trace, self.ctl, self.router_replicas = trace, controller, router_replicas
         # Plain lists: per-element access from Python is several times faster than numpy's.
         self.arrival = trace.arrival_s.tolist()
         self.prompt, self.output = trace.prompt.tolist(), trace.output.tolist()
@@ -144,15 +148,17 @@ class Simulation:
         self._route(pool, req, now)
 
     def load(self) -> PoolLoad:
-        """The pools as the router sees them now (`Dispatcher.load`)."""
+        """The pools as one router replica sees them now (`Dispatcher.load`): its share of the
+        work in flight (Serve spreads requests evenly over router replicas), every replica."""
+        r = self.router_replicas
         return PoolLoad(
-            prefill_requests=self.remote_reqs,
-            prefill_tokens=self.remote_tokens + self.local_tokens["prefill"],
+            prefill_requests=round(self.remote_reqs / r),
+            prefill_tokens=round((self.remote_tokens + self.local_tokens["prefill"]) / r),
             prefill_replicas=len(self.front.routable),
-            local_prefill_tokens=self.local_tokens["decode"],
-            decode_streams=self.decode_streams,
+            local_prefill_tokens=round(self.local_tokens["decode"] / r),
+            decode_streams=round(self.decode_streams / r),
             decode_replicas=len(self.back.routable),
-            prefill_streams=self.offloaded,
+            prefill_streams=round(self.offloaded / r),
         )
 
     def _route(self, pool: Pool, req: int, now: float) -> None:

@@ -31,6 +31,8 @@ from splitserve.controller.sim.report import SimResult, summarize
 from splitserve.controller.sim.trace import Trace, TraceSpec, make_trace
 from splitserve.controller.targets import pool_targets, queue_targets
 
+from splitserve.config import DisaggregationConfig
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -49,6 +51,11 @@ class Scenario:
     # operator would configure; without it a queue-length policy grows without bound while
     # new replicas start (its queue keeps growing meanwhile).
     max_over_peak: float = 2.0
+    # Disaggregated only: the router's conditional-disaggregation settings, which decide each
+    # prompt's path with `prefill_path` (None: every prompt is prefilled remotely, the pure
+    # disaggregation the planner sizes the pools for).
+    routing: DisaggregationConfig | None = None
+    router_replicas: int = 1  # router replicas sharing the traffic (each routes its own share)
 
 
 def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
@@ -69,7 +76,8 @@ def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
     control = ControlSpec(scn.policy, scn.params, pool_targets(plan, costs, scn.slo, maxes),
                           queue_targets(plan, maxes))
     ctl = Controller(control, {role: s.replicas for role, s in specs.items()})
-    return Simulation(trace, specs, ctl, seed=scn.seed), plan, trace
+    return Simulation(trace, specs, ctl, seed=scn.seed, routing=scn.routing,
+                      router_replicas=scn.router_replicas), plan, trace
 
 
 def run_scenario(scn: Scenario) -> tuple[SimResult, list[dict]]:

@@ -210,3 +210,25 @@ def test_closing_the_stream_after_a_chunk_cancels_the_worker_request_at_once():
         assert d.tenancy.gates["decode"].in_flight == 0
 
     asyncio.run(run())
+
+
+def test_a_remote_prompt_reports_its_output_tokens_to_both_pools():
+    # The controller sizes decode on what enters prefill too (control.with_upstream_demand).
+    async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
+        d, prefill, decode, _ = _setup()
+        out: list = []
+        task = asyncio.create_task(_drain(d, _req(1536, 1), out))
+        await prefill.started.wait()
+        early = d.signals.snapshot({})
+        assert (early["prefill"].arrivals, early["prefill"].output_tokens) == (1, 2)
+        assert early["decode"].arrivals == 0  # not there yet
+        prefill.release.set()
+        decode.release.set()
+        await task
+        late = d.signals.snapshot({})
+        assert (late["decode"].arrivals, late["decode"].output_tokens) == (1, 2)
+
+    asyncio.run(run())

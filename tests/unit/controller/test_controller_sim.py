@@ -12,6 +12,8 @@ import pytest
 from splitserve.controller.planner import Slo
 from splitserve.controller.sim import Scenario, TraceSpec, build, make_trace, run_scenario
 from splitserve.controller import control as control_module
+from splitserve.controller.autoscale import UTIL_TARGET, PoolSample, PoolState, PoolTarget
+from splitserve.controller.control import Controller, ControlSpec, with_upstream_demand
 from splitserve.controller.sim.replica import Replica
 
 # Small enough for seconds, large enough for bursts: base 20 req/s (~60 at the peak) of
@@ -139,3 +141,41 @@ def test_a_tight_slo_lowers_attainment() -> None:
                                   slo=Slo(ttft_s=0.05, tpot_s=0.1)))
     assert tight.slo_attainment < loose.slo_attainment
     assert math.isclose(loose.slo_attainment, 1.0, abs_tol=0.01)
+
+
+# --- decode demand counted where requests enter (control.with_upstream_demand) ---------------
+
+
+def test_decode_demand_includes_what_enters_the_prefill_pool() -> None:
+    prefill = PoolSample(t=5.0, ready=4, out_token_rate=9000.0, queue_depth=500)
+    decode = PoolSample(t=5.0, ready=2, out_token_rate=3000.0, running=100)
+    raised = with_upstream_demand({"prefill": prefill, "decode": decode})
+    assert raised["decode"].out_token_rate == 9000.0 and raised["decode"].running == 100
+    assert raised["prefill"] is prefill
+    # Steady state (decode already sees as much) and colocated pools are left alone.
+    calm = {"prefill": replace(prefill, out_token_rate=2000.0), "decode": decode}
+    assert with_upstream_demand(calm) == calm
+    assert with_upstream_demand({"colocated": decode}) == {"colocated": decode}
+
+
+def test_a_backlogged_prefill_pool_no_longer_hides_a_burst_from_decode() -> None:
+    # Decode has sequences for 2 replicas at the SLO and as many output tokens entering it;
+    # the prefill pool takes three times that (its backlog holds the rest back from decode).
+    target = PoolTarget(seq_capacity=100, out_token_capacity=1000.0, tpot_s=0.1)
+    spec = ControlSpec("ours", targets={"prefill": PoolTarget(token_capacity=1e9, ttft_s=1.0),
+                                        "decode": target})
+    ctl = Controller(spec, {"prefill": 4, "decode": 3})
+    ctl.states = {role: PoolState(last_ready=n) for role, n in (("prefill", 4), ("decode", 3))}
+    for k in range(1, 4):
+        decisions = ctl.step({
+            "prefill": PoolSample(t=5.0 * k, ready=4, out_token_rate=6000.0),
+            "decode": PoolSample(t=5.0 * k, ready=3, out_token_rate=2000.0, running=200),
+        })
+    assert decisions["decode"].replicas >= math.ceil(6000 / 1000 / UTIL_TARGET)
+    # Without the upstream term the same decode samples are within its band.
+    alone = Controller(spec, {"decode": 3})
+    alone.states = {"decode": PoolState(last_ready=3)}
+    for k in range(1, 4):
+        d = alone.step({"decode": PoolSample(t=5.0 * k, ready=3, out_token_rate=2000.0,
+                                             running=200)})
+    assert d["decode"].replicas == 3
