@@ -22,13 +22,13 @@ STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "xgrammar", "disable_any_whites
 
 # oneDNN's process-wide primitive cache, off in every CPU engine. vLLM's CPU linear layers keep
 # their own small LRU of matmul primitives per weight shape (32 token counts each); oneDNN's
-# global cache (1024 entries by default) holds a second copy of every primitive, one per token
-# count M seen, and each prompt length is a new M. Measured with the tiny model
-# (scripts/engine_mem_probe.py, 300 prompts of random length 16-1500, then the same lengths
-# again): default cache, the worker grew 1683 -> 2159 MiB in the first pass (about 1.6 MiB per
-# new length) and stayed flat in the second; cache off, 1683 -> 1808 MiB, flat after the first
-# 100 prompts, and the passes ran 12 % faster, not slower. The first 30-minute soak's prefill
-# worker grew 1754 -> 2404 MiB this way before the cache filled up.
+# global cache (1024 entries by default) keeps every primitive alive long after vLLM's LRU let
+# go of it, one per token count M seen, and each new prompt length is a new M. Measured with the
+# tiny model (scripts/engine_mem_probe.py, 300 prompts of random length 16-1500, then the same
+# lengths again): default cache, the worker grew 1683 -> 2159 MiB in the first pass (about
+# 1.8 MiB per new length) and stayed flat in the second; cache off, 1683 -> 1808 MiB, flat after
+# the first 100 prompts, and the passes took 11 % less time, not more. The first 30-minute
+# soak's prefill worker grew 1754 -> 2404 MiB, slowing down as the cache filled (BENCHMARKS.md).
 ONEDNN_PRIMITIVE_CACHE_CAPACITY = 0
 
 
