@@ -20,6 +20,17 @@ Role = Literal["prefill", "decode"]
 # schema feature xgrammar cannot compile is then the client's 400 instead of a fallback.
 STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "xgrammar", "disable_any_whitespace": True}
 
+# oneDNN's process-wide primitive cache, off in every CPU engine. vLLM's CPU linear layers keep
+# their own small LRU of matmul primitives per weight shape (32 token counts each); oneDNN's
+# global cache (1024 entries by default) keeps every primitive alive long after vLLM's LRU let
+# go of it, one per token count M seen, and each new prompt length is a new M. Measured with the
+# tiny model (scripts/engine_mem_probe.py, 300 prompts of random length 16-1500, then the same
+# lengths again): default cache, the worker grew 1683 -> 2159 MiB in the first pass (about
+# 1.8 MiB per new length) and stayed flat in the second; cache off, 1683 -> 1808 MiB, flat after
+# the first 100 prompts, and the passes took 11 % less time, not more. The first 30-minute
+# soak's prefill worker grew 1754 -> 2404 MiB, slowing down as the cache filled (BENCHMARKS.md).
+ONEDNN_PRIMITIVE_CACHE_CAPACITY = 0
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -133,10 +144,11 @@ def omp_threads_bind(cores: list[int], ranks: int) -> str:
 
 
 def engine_env(spec: EngineSpec, cores: list[int]) -> dict[str, str]:
-    """Environment the engine process needs (CPU: core binding and KV space)."""
+    """Environment the engine process needs (CPU: core binding, KV space, no oneDNN cache)."""
     if spec.device != "cpu":
         return {}
     return {
         "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind(cores, spec.ranks),
         "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib),
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(ONEDNN_PRIMITIVE_CACHE_CAPACITY),
     }

@@ -90,7 +90,8 @@ def test_engine_kwargs_cuda() -> None:
 
 def test_engine_env_cpu() -> None:
     env = engine_env(engine_spec(_cfg(), "prefill", "cpu"), [4, 5, 6, 7])
-    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7", "VLLM_CPU_KVCACHE_SPACE": "3",
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 
 
 def test_engine_env_cpu_uneven_cores_raises() -> None:
