@@ -132,7 +132,6 @@ class Router:
             PoolStateCollector(self.tenancy.gates, self.dispatcher.replicas)
         )
         self.controller_link = self._link_controller(cfg)
-        self.created = int(time.time())
         self._background = [self.usage_board.loop]
         if self.controller_link is not None:
             self._background.append(self.controller_link.loop)
@@ -164,6 +163,7 @@ class Router:
         self.pools = health_names(self.routes)
         self.adapters = AdapterRegistry.from_config(self.cfg)
         self.catalog = ModelCatalog.from_config(self.cfg, self.adapters)
+        self.created = int(time.time())  # the model cards' `created`
 
     def _start_background(self) -> None:
         """Start the periodic publishers; a constructor has no running loop yet, so every request

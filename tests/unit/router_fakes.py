@@ -107,8 +107,10 @@ def dispatcher(
     )
 
 
-def build_router(cfg, prefill: Pool, decode: Pool, exporter=None):
-    """The Router's request path without Ray Serve: its class, built by hand."""
+def build_router(cfg, prefill: Pool | None, decode: Pool | None, exporter=None, *,
+                 pools: dict[str, dict[str, Pool]] | None = None):
+    """The Router's request path without Ray Serve: its class, built by hand. `pools`:
+    {model: {role: Pool}} for a several-model config (instead of `prefill` and `decode`)."""
     from splitserve.router.app import Router
     from splitserve.router.pool_metrics import PoolStateCollector
 
@@ -124,7 +126,8 @@ def build_router(cfg, prefill: Pool, decode: Pool, exporter=None):
     prompts = object.__new__(PromptBuilder)
     prompts.tokenizer, prompts.max_model_len = [None] * 1000, cfg.model.max_model_len
     # the real per-model setup (routes, dispatcher, catalog) over the fake pools
-    router._setup_models({"prefill": prefill, "decode": decode}, make_prompts=lambda _: prompts)
+    router._setup_models(pools or {"prefill": prefill, "decode": decode},
+                         make_prompts=lambda _: prompts)
     router.metrics.registry.register(
         PoolStateCollector(router.tenancy.gates, router.dispatcher.replicas)
     )
