@@ -72,7 +72,7 @@ def test_tenants_carry_their_access_list():
 
 def test_deployment_names_and_serve_config_cover_every_model():
     cfg = parse_config(TWO)
-    v1, v2 = cfg.model_views()
+    _, v2 = cfg.model_views()
     assert deployment_name(cfg, v2, "decode") == "decode-tiny-v2"
     one = load_config(None)
     assert deployment_name(one, one, "prefill") == "prefill"
