@@ -278,6 +278,10 @@ class Router:
         )
         return JSONResponse({"id": name, "object": "model", "deleted": True, "drained": drained})
 
+    def prompts_model(self) -> str:
+        """The primary model's id (the trace's model before the body names one)."""
+        return self.cfg.model_views()[0].model.name
+
     def _card(self, model_id: str) -> dict[str, Any]:
         cards = self.catalog.cards(allowed=None, created=self.created)
         return next(c for c in cards if c["id"] == model_id)
@@ -301,7 +305,7 @@ class Router:
         error: BaseException | None = None
         # The request's root span (tracing on): ended when the handler has answered and, for a
         # stream, the chunk stream is closed (router/tracing.py).
-        trace = self.tracing.request(endpoint, request.headers, model=self.cfg.model.name)
+        trace = self.tracing.request(endpoint, request.headers, model=self.prompts_model())
         # Its metrics and log line: recorded once the response is over, like the root span.
         obs = RequestObserver(
             self.metrics, endpoint, trace_id=trace_id_of(trace.context, request.headers),
