@@ -278,7 +278,7 @@ class Router:
         )
         return JSONResponse({"id": name, "object": "model", "deleted": True, "drained": drained})
 
-    def prompts_model(self) -> str:
+    def primary_model(self) -> str:
         """The primary model's id (the trace's model before the body names one)."""
         return self.cfg.model_views()[0].model.name
 
@@ -305,7 +305,7 @@ class Router:
         error: BaseException | None = None
         # The request's root span (tracing on): ended when the handler has answered and, for a
         # stream, the chunk stream is closed (router/tracing.py).
-        trace = self.tracing.request(endpoint, request.headers, model=self.prompts_model())
+        trace = self.tracing.request(endpoint, request.headers, model=self.primary_model())
         # Its metrics and log line: recorded once the response is over, like the root span.
         obs = RequestObserver(
             self.metrics, endpoint, trace_id=trace_id_of(trace.context, request.headers),
