@@ -1,12 +1,13 @@
 """Loading and unloading LoRA adapters at run time (the admin endpoints of `router/app.py`).
 
-Load: check the request, give the adapter a fresh id, load it into one replica of every pool of
-its base model (prefill and decode), and only then register it, so that no request is routed
-with an adapter some pool failed to load. Other replicas of a pool load it from its path on
-their first request with it (every request carries the adapter's path: `LoraRef`), and the
-pools' request routers prefer replicas that report it loaded (`router/replica_router.py`).
-Unload: take it out of routing first, wait for its requests in flight, then drop it from the
-pools.
+Load: check the request, give the adapter a fresh id, load it into every replica of every pool
+of its base model (prefill and decode; `on_every_replica` repeats the call, each time steering
+it away from the replicas done already), and only then register it, so that no request is
+routed with an adapter a worker failed to load. A replica that starts later (autoscaling, a
+restart) loads it from its path on its first request with it: every request carries the
+adapter's path (`LoraRef`), and the pools' request routers prefer replicas that report it
+loaded (`router/replica_router.py`). Unload: take it out of routing first, wait for its
+requests in flight, then drop it from every replica.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from splitserve.config import ModelId
+from splitserve.engine.messages import LoraOp, LoraRef
 from splitserve.router.adapters import Adapter, AdapterError, AdapterRegistry
 from splitserve.router.errors import APIError, bad_request, model_not_found
 from splitserve.router.model_routes import ModelRoute
@@ -95,12 +97,13 @@ async def load_adapter(
     except AdapterError as err:
         raise conflict(str(err)) from None
     results = await asyncio.gather(
-        *(h.load_lora.remote(ref) for h in route.pools.values()), return_exceptions=True
+        *(on_every_replica(h, "load_lora", ref, _replicas(route, role))
+          for role, h in route.pools.items()),
+        return_exceptions=True,
     )
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
-        for h in route.pools.values():  # undo where it did load
-            await _quietly(h.unload_lora.remote(ref.lora_id))
+        await _unload_everywhere(route, ref)  # undo where it did load
         refused = rejection(failed[0])
         raise bad_request(
             refused.args[1] if refused is not None else f"The workers could not load the "
@@ -126,13 +129,33 @@ async def unload_adapter(
         log.warning("adapter %s: %d requests still running after %.0f s; unloading anyway",
                     name, adapters.in_flight(name), timeout_s)
     route = routes.get(adapter.base)
-    for h in route.pools.values() if route is not None else ():
-        await _quietly(h.unload_lora.remote(adapter.ref.lora_id))
+    if route is not None:
+        await _unload_everywhere(route, adapter.ref)
     return in_flight
 
 
-async def _quietly(response: Any) -> None:
-    try:
-        await response
-    except Exception as err:  # noqa: BLE001 - best effort: a dead replica has no adapter left
-        log.warning("adapter unload failed: %r", err)
+def _replicas(route: ModelRoute, role: str) -> int:
+    """The pool's ready replicas as the router knows them (the controller updates them)."""
+    return max(route.dispatcher.replicas.get(role, route.view.deployed_pools()[role].replicas), 1)
+
+
+async def on_every_replica(handle: Any, method: str, ref: LoraRef, replicas: int) -> set[str]:
+    """Call `method(LoraOp)` once on each of a pool's `replicas` replicas; returns their ids.
+
+    Each call avoids the replicas done already, so the pool's request router sends it to a new
+    one; when none is left it picks a done one again, and the loop ends early."""
+    done: set[str] = set()
+    for _ in range(replicas):
+        result = await getattr(handle, method).remote(LoraOp(ref, tuple(sorted(done))))
+        if result["replica"] in done:
+            break
+        done.add(result["replica"])
+    return done
+
+
+async def _unload_everywhere(route: ModelRoute, ref: LoraRef) -> None:
+    for role, h in route.pools.items():
+        try:
+            await on_every_replica(h, "unload_lora", ref, _replicas(route, role))
+        except Exception as err:  # noqa: BLE001 - best effort: a dead replica has no adapter
+            log.warning("adapter %s: unload from %s failed: %r", ref.name, role, err)

@@ -23,7 +23,7 @@ from ray.serve.request_router import (
 )
 
 from splitserve.config import RoutingConfig
-from splitserve.engine.messages import GenerateRequest
+from splitserve.engine.messages import GenerateRequest, LoraOp
 from splitserve.router.routing.policies import make_policy
 from splitserve.router.routing.state import ReplicaState, RoutingRequest, routing_request
 
@@ -92,7 +92,7 @@ def avoid_failed(
 ) -> list[RunningReplica]:
     """The candidates without the request's `avoid_replicas`, or all of them if none is left."""
     req = pending.args[0] if pending is not None and pending.args else None
-    avoid = getattr(req, "avoid_replicas", ()) if isinstance(req, GenerateRequest) else ()
+    avoid = req.avoid_replicas if isinstance(req, (GenerateRequest, LoraOp)) else ()
     if not avoid:
         return candidates
     kept = [r for r in candidates if r.replica_id.unique_id not in avoid]

@@ -25,6 +25,7 @@ from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
     GenerateRequest,
+    LoraOp,
     LoraRef,
     RequestRejected,
     Sampling,
@@ -280,13 +281,15 @@ class EngineHost:
         self._loras[ref.lora_id] = ref.name
         return LoRARequest(ref.name, ref.lora_id, ref.path)
 
-    async def load_lora(self, ref: LoraRef) -> list[int]:
-        """Load `ref` into the engine now (idempotent); returns the loaded adapter ids.
+    async def load_lora(self, op: LoraOp) -> dict[str, Any]:
+        """Load `op.ref` into the engine now (idempotent); returns {"replica": this replica's
+        id, "loras": the loaded adapter ids}.
 
         Raises `RequestRejected` when the adapter cannot be loaded (missing files, rank over
-        `max_lora_rank`, LoRA off): the caller registers the adapter only after every pool
-        loaded it.
+        `max_lora_rank`, LoRA off): the router registers an adapter only after every replica of
+        every pool of its model loaded it.
         """
+        ref = op.ref
         try:
             await self.engine.add_lora(self._lora_request(ref))
         except RequestRejected:
@@ -294,18 +297,18 @@ class EngineHost:
         except Exception as err:  # noqa: BLE001 - vLLM raises plain errors for bad adapters
             self._loras.pop(ref.lora_id, None)
             raise RequestRejected(self.replica_id, f"cannot load adapter {ref.name!r}: {err}",
-                                  "path") from None
-        self._loaded_loras = sorted(await self.engine.list_loras())
-        return self._loaded_loras
+                                  "lora_path") from None
+        return {"replica": self.replica_id, "loras": await self.loras()}
 
-    async def unload_lora(self, lora_id: int) -> list[int]:
-        """Drop adapter `lora_id` from the engine (no-op if absent); returns the loaded ids.
-        Requests already running with it finish first: vLLM removes it from its cache only."""
+    async def unload_lora(self, op: LoraOp) -> dict[str, Any]:
+        """Drop adapter `op.ref` from the engine (no-op if absent); returns like `load_lora`.
+        Requests already running with it still finish: the router unloads only once it has no
+        request in flight, and the engine reloads an adapter a running request needs."""
+        lora_id = op.ref.lora_id
         if self.spec.max_loras and lora_id in await self.engine.list_loras():
             await self.engine.remove_lora(lora_id)
         self._loras.pop(lora_id, None)
-        self._loaded_loras = sorted(await self.engine.list_loras()) if self.spec.max_loras else []
-        return self._loaded_loras
+        return {"replica": self.replica_id, "loras": await self.loras()}
 
     async def loras(self) -> list[int]:
         """The adapter ids loaded in this engine now."""

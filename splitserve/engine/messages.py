@@ -69,6 +69,15 @@ class LoraRef:
 
 
 @dataclass(frozen=True)
+class LoraOp:
+    """Load or unload `ref` on one replica of a pool, other than `avoid_replicas` (the ones done
+    already): the router repeats it to reach every replica (`router/lora_admin.py`)."""
+
+    ref: LoraRef
+    avoid_replicas: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """One request as a worker sees it: already tokenized, already checked against the context."""
 

@@ -101,30 +101,40 @@ def test_a_model_off_the_tenants_list_is_404_model_not_found():
 
 
 class _Engine:
-    """A fake pool handle with the LoRA methods (each answers at once, or raises)."""
+    """A fake pool handle with the LoRA methods over `n` replicas: each call goes to the first
+    replica not in the op's `avoid_replicas` (or the first one), like the pool's router."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.fail, self.loaded = fail, set()
+    def __init__(self, fail: bool = False, n: int = 1) -> None:
+        self.fail = fail
+        self.replicas: dict[str, set[int]] = {f"r{i}": set() for i in range(n)}
 
-    def _call(self, fn):
-        async def run():
-            return fn()
-        return run()
+    @property
+    def loaded(self) -> set[int]:
+        """Adapter ids loaded on every replica."""
+        return set.intersection(*self.replicas.values())
+
+    def _pick(self, op) -> str:
+        free = [r for r in self.replicas if r not in op.avoid_replicas]
+        return (free or list(self.replicas))[0]
+
+    def _method(self, apply):
+        async def run(op):
+            rid = self._pick(op)
+            apply(rid, op)
+            return {"replica": rid, "loras": sorted(self.replicas[rid])}
+        return SimpleNamespace(remote=run)
 
     @property
     def load_lora(self):
-        def remote(ref):
-            def do():
-                if self.fail:
-                    raise RequestRejected("r1", "cannot load adapter 'x': bad rank", "path")
-                self.loaded.add(ref.lora_id)
-                return sorted(self.loaded)
-            return self._call(do)
-        return SimpleNamespace(remote=remote)
+        def apply(rid, op):
+            if self.fail:
+                raise RequestRejected(rid, "cannot load adapter 'x': bad rank", "lora_path")
+            self.replicas[rid].add(op.ref.lora_id)
+        return self._method(apply)
 
     @property
     def unload_lora(self):
-        return SimpleNamespace(remote=lambda i: self._call(lambda: self.loaded.discard(i)))
+        return self._method(lambda rid, op: self.replicas[rid].discard(op.ref.lora_id))
 
 
 def _routes(prefill: _Engine, decode: _Engine):
@@ -133,12 +143,13 @@ def _routes(prefill: _Engine, decode: _Engine):
     return router
 
 
-def test_load_registers_only_after_every_pool_loaded(tmp_path):
+def test_load_registers_only_after_every_replica_of_every_pool_loaded(tmp_path):
     path = str(build_tiny_lora(tmp_path / "a"))
 
     async def run():
-        prefill, decode = _Engine(), _Engine(fail=True)
+        prefill, decode = _Engine(n=2), _Engine(fail=True, n=3)
         router = _routes(prefill, decode)
+        router.routes["tiny-v1"].dispatcher.replicas.update(prefill=2, decode=3)
         body = LoadAdapter(lora_name="ft", lora_path=path, base_model="tiny-v1")
         with pytest.raises(APIError) as exc:
             await load_adapter(router.routes, router.adapters, body, 1)
@@ -150,6 +161,7 @@ def test_load_registers_only_after_every_pool_loaded(tmp_path):
     err, adapter, prefill, decode, router = asyncio.run(run())
     assert (err.status, err.param) == (400, "lora_path") and "bad rank" in err.message
     assert adapter.base == "tiny-v1" and prefill.loaded == decode.loaded == {adapter.ref.lora_id}
+    assert [len(ids) for ids in (*prefill.replicas.values(), *decode.replicas.values())] == [1] * 5
     card = router._card("ft")
     assert (card["parent"], card["root"]) == ("tiny-v1", "tiny-v1")
 
@@ -187,8 +199,9 @@ def test_unload_waits_for_requests_in_flight(tmp_path):
     path = str(build_tiny_lora(tmp_path / "a"))
 
     async def run():
-        prefill, decode = _Engine(), _Engine()
+        prefill, decode = _Engine(), _Engine(n=2)
         router = _routes(prefill, decode)
+        router.routes["tiny-v1"].dispatcher.replicas["decode"] = 2
         body = LoadAdapter(lora_name="ft", lora_path=path, base_model="tiny-v1")
         adapter = await load_adapter(router.routes, router.adapters, body, 1)
         router.adapters.acquire("ft")  # a request is running with it
@@ -201,8 +214,25 @@ def test_unload_waits_for_requests_in_flight(tmp_path):
         drained = await unloading
         with pytest.raises(APIError) as gone:
             await unload_adapter(router.routes, router.adapters, "ft", 5)
-        return adapter, still, exc.value.status, drained, decode.loaded, gone.value.status
+        left = set().union(*decode.replicas.values())
+        return adapter, still, exc.value.status, drained, left, gone.value.status
 
     adapter, still, status, drained, after, gone = asyncio.run(run())
     assert still == ({adapter.ref.lora_id}, False)
     assert (status, drained, after, gone) == (404, 1, set(), 404)
+
+
+def test_lora_ops_are_steered_away_from_replicas_done_already():
+    from splitserve.engine.messages import GenerateRequest, LoraOp, LoraRef, Sampling
+    from splitserve.router.replica_router import avoid_failed
+
+    replicas = [SimpleNamespace(replica_id=SimpleNamespace(unique_id=r)) for r in ("a", "b")]
+    ref = LoraRef("x", 1000, "/x")
+
+    def pending(arg):
+        return SimpleNamespace(args=[arg])
+
+    assert avoid_failed(replicas, pending(LoraOp(ref, ("a",)))) == replicas[1:]
+    assert avoid_failed(replicas, pending(LoraOp(ref, ("a", "b")))) == replicas  # none left
+    gen = GenerateRequest("r", (1,), Sampling(max_tokens=1), avoid_replicas=("b",))
+    assert avoid_failed(replicas, pending(gen)) == replicas[:1]
