@@ -182,6 +182,16 @@ def test_declared_adapter_matches_a_direct_engine_run_in_disaggregated_mode(
                                          deployment="decode-tiny-v1")
 
 
+async def _first_tokens(started: asyncio.Event, tasks: list[asyncio.Task]) -> None:
+    """Wait until a stream has its first tokens; a stream that failed first raises here."""
+    waiter = asyncio.create_task(started.wait())
+    await asyncio.wait([waiter, *tasks], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+    for t in tasks:
+        if t.done():
+            t.result()
+    assert started.is_set(), "no stream produced a token"
+
+
 def test_load_and_unload_at_run_time_with_requests_in_flight(deployment, adapters):
     long_ids, n = _ids(LONG), 40
     ref_a = direct_greedy(long_ids, n, fresh_cache=True, deployment="decode-tiny-v1",
@@ -193,7 +203,7 @@ def test_load_and_unload_at_run_time_with_requests_in_flight(deployment, adapter
         in_flight = [asyncio.create_task(stream_token_ids(
             client, long_ids, n, model="tiny-v1-a", on_tokens=lambda _: started.set()))
             for _ in range(3)]
-        await started.wait()
+        await _first_tokens(started, in_flight)
         async with httpx.AsyncClient(base_url=deployment, timeout=120,
                                      headers={"authorization": f"Bearer {ADMIN}"}) as admin:
             loaded = await admin.post("/v1/admin/lora_adapters", json={
@@ -205,7 +215,7 @@ def test_load_and_unload_at_run_time_with_requests_in_flight(deployment, adapter
             b_flight = [asyncio.create_task(stream_token_ids(
                 client, long_ids, n, model="tiny-v1-b", on_tokens=lambda _: started.set()))
                 for _ in range(3)]
-            await started.wait()
+            await _first_tokens(started, b_flight)
             unloaded = await admin.delete("/v1/admin/lora_adapters/tiny-v1-b")
             b_done = await asyncio.gather(*b_flight)
         return loaded, b_first, a_done, unloaded, b_done
