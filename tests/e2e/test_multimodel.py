@@ -186,6 +186,7 @@ async def _first_tokens(started: asyncio.Event, tasks: list[asyncio.Task]) -> No
     """Wait until a stream has its first tokens; a stream that failed first raises here."""
     waiter = asyncio.create_task(started.wait())
     await asyncio.wait([waiter, *tasks], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
     for t in tasks:
         if t.done():
             t.result()
