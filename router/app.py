@@ -2,7 +2,10 @@
 
 Endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (streamed over SSE or not,
 `usage` in both), `/health` (200 only when every pool answers), `/metrics` (Prometheus text),
-`/v1/usage` (per-tenant usage for an admin key, summed over router replicas).
+`/v1/usage` (per-tenant usage for an admin key, summed over router replicas),
+`POST /v1/admin/lora_adapters` and `DELETE /v1/admin/lora_adapters/{name}` (LoRA adapters at
+run time, admin key). A request's `model` names a served model, a LoRA adapter or an alias
+(`router/catalog.py`); each served model has its own pools (`router/model_routes.py`).
 Every failure is an OpenAI error body with its HTTP status; nothing reaches a worker before the
 request is fully validated and fits the context window.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,14 +29,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from splitserve.config import SplitserveConfig
 from splitserve.logs import configure_logging
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
-from splitserve.models import resolve_model_path
+from splitserve.router.adapters import AdapterRegistry
+from splitserve.router.catalog import ModelCatalog
 from splitserve.router.choices import choice_requests, merge_choices
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.pool_metrics import PoolStateCollector
-from splitserve.router.prepare import prepare
+from splitserve.router.lora_admin import LoadAdapter, load_adapter, unload_adapter
+from splitserve.router.model_routes import (
+    ModelRoute,
+    build_routes,
+    health_names,
+    pool_handles,
+)
+from splitserve.router.prepare import parse_body, prepare_request
 from splitserve.router.prompts import PromptBuilder
 from splitserve.router.request_log import RequestObserver, trace_id_of
 from splitserve.router.responses import Renderer, sse
@@ -104,33 +116,54 @@ class Router:
     """The HTTP ingress. Holds one deployment handle per pool; stateless across requests."""
 
     def __init__(self, cfg: SplitserveConfig, pools: dict[str, Any]) -> None:
+        """`pools`: {model name: {role: handle}} (or one model's {role: handle})."""
         self.cfg = cfg
-        self.pools = pools
         configure_logging(cfg.observability.log_format)
         self.metrics = RouterMetrics()
-        self.tenancy = Tenancy.from_config(cfg, registry=self.metrics.registry)
+        primary = cfg.model_views()[0]
+        self.tenancy = Tenancy.from_config(primary, registry=self.metrics.registry)
         self.admin = AdminAuth.from_config(cfg)
         self.usage_board = UsagePublisher(
             self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id
         )
-        self.signals = SignalRecorder(pools, observer=self.metrics)
         self.tracing = Tracing.from_config(cfg.tracing)
-        self.dispatcher = Dispatcher(
-            pools, cfg.disaggregation, self.metrics, self.tenancy, self.signals,
-            replicas={role: p.replicas for role, p in cfg.deployed_pools().items()},
-            decode_migrations=cfg.router.decode_migrations,
-            tracing=self.tracing,
-        )
+        self._setup_models(pools)
         self.metrics.registry.register(
             PoolStateCollector(self.tenancy.gates, self.dispatcher.replicas)
         )
         self.controller_link = self._link_controller(cfg)
-        self.prompts = PromptBuilder(resolve_model_path(cfg.model.path), cfg.model.max_model_len)
-        self.created = int(time.time())
         self._background = [self.usage_board.loop]
         if self.controller_link is not None:
             self._background.append(self.controller_link.loop)
         self._start_background()
+
+    def _setup_models(
+        self, pools: dict[str, Any], make_prompts: Any = None
+    ) -> None:
+        """Routes, adapters and the model catalog; the primary model's dispatcher, signals and
+        tokenizer are also `self.dispatcher`, `self.signals`, `self.prompts`."""
+        handles = pool_handles(self.cfg, pools)
+        primary = self.cfg.model_views()[0].model.name
+        self.signals = SignalRecorder(handles[primary], observer=self.metrics)
+
+        def dispatcher(view: SplitserveConfig, hs: dict[str, Any], tenancy: Tenancy) -> Dispatcher:
+            return Dispatcher(
+                hs, self.cfg.disaggregation, self.metrics, tenancy,
+                self.signals if view.model.name == primary else SignalRecorder(hs),
+                replicas={role: p.replicas for role, p in view.deployed_pools().items()},
+                decode_migrations=self.cfg.router.decode_migrations,
+                tracing=self.tracing,
+            )
+
+        self.routes: dict[str, ModelRoute] = build_routes(
+            self.cfg, handles, self.tenancy, dispatcher, make_prompts
+        )
+        self.dispatcher = self.routes[primary].dispatcher
+        self.prompts: PromptBuilder = self.routes[primary].prompts
+        self.pools = health_names(self.routes)
+        self.adapters = AdapterRegistry.from_config(self.cfg)
+        self.catalog = ModelCatalog.from_config(self.cfg, self.adapters)
+        self.created = int(time.time())  # the model cards' `created`
 
     def _start_background(self) -> None:
         """Start the periodic publishers; a constructor has no running loop yet, so every request
@@ -205,25 +238,53 @@ class Router:
         return JSONResponse(usage_report(snapshots, self.tenancy.tenants, scope=scope, only=tenant))
 
     @app.get("/v1/models")
-    async def models(self) -> JSONResponse:
-        """The served model, OpenAI list format."""
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+    async def models(self, request: Request) -> JSONResponse:
+        """The models, adapters and aliases the caller may use, OpenAI list format."""
+        tenant = self.tenancy.authenticate(request.headers.get("authorization"))
+        cards = self.catalog.cards(allowed=tenant.allowed_models, created=self.created)
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.get("/v1/models/{model_id:path}")
-    async def model(self, model_id: str) -> JSONResponse:
-        """One model card, or 404."""
-        if model_id != self.cfg.model.name:
-            raise model_not_found(model_id)
-        return JSONResponse(self._model_card())
+    async def model(self, request: Request, model_id: str) -> JSONResponse:
+        """One model card, or 404 (also for a model the caller may not use)."""
+        tenant = self.tenancy.authenticate(request.headers.get("authorization"))
+        for card in self.catalog.cards(allowed=tenant.allowed_models, created=self.created):
+            if card["id"] == model_id:
+                return JSONResponse(card)
+        raise model_not_found(model_id)
 
-    def _model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.cfg.model.name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "splitserve",
-            "max_model_len": self.cfg.model.max_model_len,
-        }
+    # ---- LoRA adapters at run time (admin) ------------------------------------------------
+
+    @app.post("/v1/admin/lora_adapters")
+    async def load_lora_adapter(self, request: Request) -> JSONResponse:
+        """Load a LoRA adapter into every pool of its base model, then serve it as a model.
+
+        Body: {"lora_name", "lora_path", "base_model"} (`base_model` may be left out with one
+        served model). 200 with the adapter's model card; 400 when an engine cannot load it
+        (nothing is registered then); 404 unknown base model; 409 name taken.
+        """
+        self.admin.check(request.headers.get("authorization"))
+        body = LoadAdapter.parse(await read_body(request, self.cfg.router.max_body_bytes))
+        adapter = await load_adapter(self.routes, self.adapters, body, self.cfg.router.replicas)
+        return JSONResponse(self._card(adapter.name))
+
+    @app.delete("/v1/admin/lora_adapters/{name:path}")
+    async def unload_lora_adapter(self, request: Request, name: str) -> JSONResponse:
+        """Stop serving adapter `name` (new requests: 404), wait for its requests in flight to
+        finish (up to `router.request_timeout_s`), then drop it from the engines."""
+        self.admin.check(request.headers.get("authorization"))
+        drained = await unload_adapter(
+            self.routes, self.adapters, name, self.cfg.router.request_timeout_s
+        )
+        return JSONResponse({"id": name, "object": "model", "deleted": True, "drained": drained})
+
+    def primary_model(self) -> str:
+        """The primary model's id (the trace's model before the body names one)."""
+        return self.cfg.model_views()[0].model.name
+
+    def _card(self, model_id: str) -> dict[str, Any]:
+        cards = self.catalog.cards(allowed=None, created=self.created)
+        return next(c for c in cards if c["id"] == model_id)
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -244,7 +305,7 @@ class Router:
         error: BaseException | None = None
         # The request's root span (tracing on): ended when the handler has answered and, for a
         # stream, the chunk stream is closed (router/tracing.py).
-        trace = self.tracing.request(endpoint, request.headers, model=self.cfg.model.name)
+        trace = self.tracing.request(endpoint, request.headers, model=self.primary_model())
         # Its metrics and log line: recorded once the response is over, like the root span.
         obs = RequestObserver(
             self.metrics, endpoint, trace_id=trace_id_of(trace.context, request.headers),
@@ -275,15 +336,20 @@ class Router:
         trace.describe(tenant=tenant)
         obs.describe(tenant=tenant.name)
         body = await read_body(request, self.cfg.router.max_body_bytes)
-        prepared = prepare(endpoint, body, self.prompts, model_name=self.cfg.model.name)
-        req = prepared.request
+        req = parse_body(endpoint, body)
+        target = self.catalog.resolve(
+            req.model, allowed=tenant.allowed_models, key=req.user or uuid.uuid4().hex
+        )
+        route = self.routes[target.base]
+        prepared = prepare_request(endpoint, req, route.prompts)
         gen_req = dataclasses.replace(
-            prepared.generate, cache_salt=self.tenancy.cache_salt(tenant, req.cache_salt)
+            prepared.generate, cache_salt=self.tenancy.cache_salt(tenant, req.cache_salt),
+            lora=target.adapter,
         )
         renderer = Renderer(
             kind="chat" if endpoint == "chat" else "completion",
             request_id=gen_req.request_id,
-            model=self.cfg.model.name,
+            model=target.model,
             prompt_tokens=len(gen_req.prompt_token_ids),
             include_usage=req.include_usage,
             return_token_ids=req.return_token_ids,
@@ -299,7 +365,7 @@ class Router:
         )
         chunks = obs.stream(trace.stream(
             within_deadline(
-                self._generate(tenant, gen_req, trace.context, n=prepared.n), timeout_s
+                self._generate(tenant, gen_req, route, trace.context, n=prepared.n), timeout_s
             )
         ))
         if req.stream:
@@ -307,20 +373,31 @@ class Router:
         return await self._whole(chunks, renderer)
 
     async def _generate(
-        self, tenant: Tenant, gen_req: GenerateRequest, trace_context: Context | None = None,
-        *, n: int = 1,
+        self, tenant: Tenant, gen_req: GenerateRequest, route: ModelRoute | None = None,
+        trace_context: Context | None = None, *, n: int = 1,
     ) -> AsyncIterator[GenerateChunk]:
-        """The request's chunks (of all `n` choices) inside its tenant's quota reservation
-        (settled on close)."""
+        """The request's chunks (of all `n` choices) on `route`'s pools (default: the primary
+        model's) inside its tenant's quota reservation (settled on close). Its LoRA adapter, if
+        any, counts the request as in flight until it ends (an unload waits for it)."""
+        dispatcher = route.dispatcher if route is not None else self.dispatcher
         prompt, limit = len(gen_req.prompt_token_ids), gen_req.sampling.max_tokens * n
-        async with self.tenancy.request(tenant, prompt_tokens=prompt, max_tokens=limit) as usage:
-            streams = [
-                self.dispatcher.stream(r, tenant, trace_context)
-                for r in choice_requests(gen_req, n)
-            ]
-            async for chunk in merge_choices(streams):
-                usage.add_output(len(chunk.token_ids))
-                yield chunk
+        adapter = gen_req.lora.name if gen_req.lora is not None else None
+        if adapter is not None:
+            self.adapters.acquire(adapter)
+        try:
+            async with self.tenancy.request(
+                tenant, prompt_tokens=prompt, max_tokens=limit
+            ) as usage:
+                streams = [
+                    dispatcher.stream(r, tenant, trace_context)
+                    for r in choice_requests(gen_req, n)
+                ]
+                async for chunk in merge_choices(streams):
+                    usage.add_output(len(chunk.token_ids))
+                    yield chunk
+        finally:
+            if adapter is not None:
+                self.adapters.release(adapter)
 
     async def _whole(
         self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer

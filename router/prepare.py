@@ -52,10 +52,23 @@ def prepare(
     The worker request's `cache_salt` is the client's own (`cache_salt` field, or None); the
     router replaces it with the tenant-scoped salt.
     """
-    model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-    req = parse_request(body, model)
+    req = parse_body(endpoint, body)
     if req.model != model_name:
         raise model_not_found(req.model)
+    return prepare_request(endpoint, req, prompts)
+
+
+def parse_body(endpoint: str, body: bytes) -> CompletionRequest | ChatCompletionRequest:
+    """The request `body` of `endpoint` ("chat" or "completions") parsed and checked on its own
+    (400 on a bad field); its `model` is for the caller to resolve."""
+    return parse_request(body, ChatCompletionRequest if endpoint == "chat" else CompletionRequest)
+
+
+def prepare_request(
+    endpoint: str, req: CompletionRequest | ChatCompletionRequest, prompts: PromptBuilder
+) -> Prepared:
+    """`prepare` after the model is resolved: tokenize with the model's `prompts`, fit its
+    context, build the worker request (raises `APIError`)."""
     tools = None
     if isinstance(req, ChatCompletionRequest):
         tools = tool_spec(req)

@@ -23,7 +23,7 @@ from ray.serve.request_router import (
 )
 
 from splitserve.config import RoutingConfig
-from splitserve.engine.messages import GenerateRequest
+from splitserve.engine.messages import GenerateRequest, LoraOp
 from splitserve.router.routing.policies import make_policy
 from splitserve.router.routing.state import ReplicaState, RoutingRequest, routing_request
 
@@ -61,9 +61,11 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
     ) -> list[list[RunningReplica]]:
         """Every candidate, best first, one per rank (Serve falls through when one is full).
 
-        A retried request skips the replicas that already failed it, unless no other is left.
+        A retried request skips the replicas that already failed it, unless no other is left;
+        a request with a LoRA adapter goes to the replicas that report it loaded, if any.
         """
-        candidate_replicas = avoid_failed(candidate_replicas, pending_request)
+        candidate_replicas = with_adapter(avoid_failed(candidate_replicas, pending_request),
+                                          pending_request)
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
@@ -90,8 +92,34 @@ def avoid_failed(
 ) -> list[RunningReplica]:
     """The candidates without the request's `avoid_replicas`, or all of them if none is left."""
     req = pending.args[0] if pending is not None and pending.args else None
-    avoid = getattr(req, "avoid_replicas", ()) if isinstance(req, GenerateRequest) else ()
+    avoid = req.avoid_replicas if isinstance(req, (GenerateRequest, LoraOp)) else ()
     if not avoid:
         return candidates
     kept = [r for r in candidates if r.replica_id.unique_id not in avoid]
     return kept or candidates
+
+
+def adapter_replicas(
+    loaded: dict[str, tuple[int, ...]], lora_id: int | None
+) -> list[str] | None:
+    """Pure: the replica ids whose `loaded` adapter ids include `lora_id`; None when there is
+    no adapter or no replica has it yet (then any replica will do: each loads the adapter from
+    the path the request carries, so none can wait for it forever)."""
+    if lora_id is None:
+        return None
+    have = [rid for rid, ids in loaded.items() if lora_id in ids]
+    return have or None
+
+
+def with_adapter(
+    candidates: list[RunningReplica], pending: PendingRequest | None
+) -> list[RunningReplica]:
+    """The candidates that report the request's LoRA adapter loaded, or all of them."""
+    req = pending.args[0] if pending is not None and pending.args else None
+    lora = getattr(req, "lora", None) if isinstance(req, GenerateRequest) else None
+    if lora is None:
+        return candidates
+    loaded = {r.replica_id.unique_id: tuple((r.routing_stats or {}).get("loras", ()))
+              for r in candidates}
+    keep = adapter_replicas(loaded, lora.lora_id)
+    return candidates if keep is None else [r for r in candidates if r.replica_id.unique_id in keep]

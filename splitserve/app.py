@@ -23,8 +23,21 @@ def resolve_device(cfg: SplitserveConfig, cluster_gpus: float) -> Device:
     return "cuda" if cluster_gpus > 0 else "cpu"
 
 
-def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) -> dict:
-    """Ray Serve options of one pool's deployment (pure; tested without Ray)."""
+def deployment_name(cfg: SplitserveConfig, view: SplitserveConfig, role: str) -> str:
+    """The Serve deployment of `view`'s pool `role`: `prefill` / `decode` for a one-model
+    config, `<role>-<model>` with several `models` (characters other than letters, digits,
+    `.`, `_` and `-` become `_`)."""
+    if not cfg.models:
+        return role
+    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in view.model.name)
+    return f"{role}-{slug}"
+
+
+def pool_deployment_options(
+    cfg: SplitserveConfig, role: str, device: Device, *, name: str | None = None
+) -> dict:
+    """Ray Serve options of one pool's deployment (pure; tested without Ray). `cfg` is a
+    single-model view; `name`: the deployment's name (default: the role)."""
     pool = cfg.deployed_pools()[role]
     if device == "cuda":
         resources = {"num_cpus": 1, "num_gpus": pool.ranks}
@@ -33,7 +46,7 @@ def pool_deployment_options(cfg: SplitserveConfig, role: str, device: Device) ->
     else:
         resources = {"num_cpus": pool.ranks}
     return {
-        "name": role,
+        "name": name or role,
         "num_replicas": pool.replicas,
         "ray_actor_options": resources,
         # Let the engine's scheduler batch: Serve's default (5) would starve continuous batching.
@@ -78,8 +91,30 @@ def serve_run_options(cfg: SplitserveConfig) -> dict:
 def check_compatible(cfg: SplitserveConfig, specs: dict[str, EngineSpec]) -> None:
     """Deploy-time P/D check (raises `CompatibilityError` before any engine starts)."""
     local = cfg.model.path is None or Path(cfg.model.path).expanduser().exists()
-    shape = read_model_shape(resolve_model_path(cfg.model.path)) if local else None
+    shape = (
+        read_model_shape(resolve_model_path(cfg.model.path, cfg.model.tiny_variant))
+        if local else None
+    )
     check_pd_compatible(specs["prefill"], specs["decode"], shape)
+
+
+def check_adapters(cfg: SplitserveConfig) -> None:
+    """Deploy-time check of the declared LoRA adapters: each directory has an
+    adapter_config.json whose rank fits `max_lora_rank` (raises ConfigError)."""
+    import json
+
+    from splitserve.config import ConfigError
+
+    for view in cfg.model_views():
+        for a in view.lora.adapters if view.lora is not None else ():
+            conf = Path(a.path).expanduser() / "adapter_config.json"
+            try:
+                rank = int(json.loads(conf.read_text()).get("r", 0))
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"lora adapter {a.name!r}: cannot read {conf}: {err}") from None
+            if rank > view.lora.max_lora_rank:
+                raise ConfigError(f"lora adapter {a.name!r}: rank {rank} exceeds "
+                                  f"max_lora_rank {view.lora.max_lora_rank}")
 
 
 def build_app(
@@ -94,14 +129,22 @@ def build_app(
     from splitserve.prefill_workers import PrefillWorker
     from splitserve.router.app import Router
 
-    specs = {role: engine_spec(cfg, role, device, kv_host=kv_host) for role in cfg.deployed_pools()}
-    if cfg.mode == "disaggregated":
-        check_compatible(cfg, specs)
+    check_adapters(cfg)
     classes = {"prefill": PrefillWorker, "decode": DecodeWorker}
-    pools = {
-        role: classes[role].options(**pool_deployment_options(cfg, role, device)).bind(spec)
-        for role, spec in specs.items()
-    }
+    pools: dict[str, dict] = {}
+    for view in cfg.model_views():
+        specs = {
+            role: engine_spec(view, role, device, kv_host=kv_host)
+            for role in view.deployed_pools()
+        }
+        if view.mode == "disaggregated":
+            check_compatible(view, specs)
+        pools[view.model.name] = {
+            role: classes[role].options(**pool_deployment_options(
+                view, role, device, name=deployment_name(cfg, view, role)
+            )).bind(spec)
+            for role, spec in specs.items()
+        }
     router = Router.options(**router_deployment_options(cfg))
     return router.bind(cfg, pools)
 
@@ -153,12 +196,14 @@ def serve_config(
     """
     scaled = ("name", "num_replicas", "ray_actor_options")
     deployments = []
-    for role in cfg.deployed_pools():
-        opts = pool_deployment_options(cfg, role, device)
-        extra = (pool_resources or {}).get(role)
-        if extra:
-            opts["ray_actor_options"] = {**opts["ray_actor_options"], "resources": dict(extra)}
-        deployments.append({k: opts[k] for k in scaled})
+    for view in cfg.model_views():
+        for role in view.deployed_pools():
+            opts = pool_deployment_options(view, role, device,
+                                           name=deployment_name(cfg, view, role))
+            extra = (pool_resources or {}).get(role)
+            if extra:
+                opts["ray_actor_options"] = {**opts["ray_actor_options"], "resources": dict(extra)}
+            deployments.append({k: opts[k] for k in scaled})
     router = router_deployment_options(cfg)
     deployments.append({k: router[k] for k in scaled})
     return {

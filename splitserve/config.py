@@ -47,6 +47,11 @@ class ModelConfig(_Strict):
     max_model_len: int = Field(2048, gt=0, description="Context length (prompt + output tokens).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int = 0
+    tiny_variant: int = Field(
+        0, ge=0, le=1000,
+        description="Built-in tiny model only (path null): another number draws other weights "
+        "(same shape and tokenizer), e.g. a second model or a new version for tests.",
+    )
 
 
 class PoolConfig(_Strict):
@@ -74,6 +79,59 @@ class PoolsConfig(_Strict):
 
     prefill: PoolConfig = PoolConfig()
     decode: PoolConfig = PoolConfig()
+
+
+ModelId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")]
+
+
+class LoraAdapterConfig(_Strict):
+    """A LoRA adapter of a served model, declared in the config (more can be loaded at run time
+    through `POST /v1/admin/lora`). Clients pass its `name` as `model`."""
+
+    name: ModelId
+    path: str = Field(description="Directory with adapter_config.json and the adapter weights.")
+
+
+class LoraConfig(_Strict):
+    """LoRA adapters on one served model (`splitserve.router.adapters`). Every engine of the
+    model's pools is started with LoRA on; each request names its adapter to every engine it
+    visits, so a prefill and a decode worker always run it with the same weights."""
+
+    max_loras: int = Field(
+        2, ge=1, le=64,
+        description="Adapters resident in each engine at once (vLLM max_loras and max_cpu_loras); "
+        "one more is loaded by evicting the least recently used idle one.",
+    )
+    max_lora_rank: int = Field(16, ge=1, le=512, description="Largest adapter rank accepted.")
+    adapters: tuple[LoraAdapterConfig, ...] = ()
+
+
+class ServedModelConfig(_Strict):
+    """One model of a several-model deployment (`models:`): its engine and its own pools."""
+
+    model: ModelConfig
+    mode: Mode | None = Field(None, description="None: the deployment's top-level `mode`.")
+    pools: PoolsConfig = PoolsConfig()
+    lora: LoraConfig | None = Field(None, description="None: no LoRA adapters on this model.")
+
+
+class AliasTarget(_Strict):
+    """One version behind an alias and its share of the alias's requests."""
+
+    model: ModelId
+    weight: float = Field(gt=0, description="Relative share; the shares need not sum to 1 or 100.")
+
+
+class AliasConfig(_Strict):
+    """A model id that maps to one or more served models, split by weight (canary rollout).
+
+    A request with a `user` goes to the same target every time (a seeded hash of the user);
+    without one, the split is per request (`splitserve.router.catalog.pick_target`).
+    """
+
+    name: ModelId
+    targets: tuple[AliasTarget, ...] = Field(min_length=1)
+    seed: int = Field(0, description="Changes which users land on which target.")
 
 
 RoutingPolicyName = Literal["round_robin", "least_loaded", "prefix_aware"]
@@ -237,6 +295,12 @@ class TenantConfig(_Strict):
         (), description="Output of `splitserve.router.tenancy.hash_api_key`; never a plain key."
     )
     quotas: QuotaConfig = QuotaConfig()
+    allowed_models: tuple[str, ...] | None = Field(
+        None,
+        description="Model ids this tenant may use: served models, aliases and LoRA adapters, "
+        "or shell-style patterns (`ft-*`). None: every model. Any other id is 404 "
+        "`model_not_found` for this tenant, and `/v1/models` does not list it.",
+    )
 
 
 class TenancyConfig(_Strict):
@@ -417,12 +481,26 @@ class ObservabilityConfig(_Strict):
 
 
 class SplitserveConfig(_Strict):
-    """A whole deployment: model, mode, pools, router, tenants, SLOs."""
+    """A whole deployment: model(s), mode, pools, router, tenants, SLOs.
+
+    One model: `model` + `pools` (+ `lora`). Several: a `models:` list, each entry with its own
+    model, mode and pools; `model`, `pools` and `lora` are then left out. `model_views()` gives
+    one single-model config per served model either way: everything per model (engine specs,
+    pool deployments, admission gates) is built from a view.
+    """
 
     model: ModelConfig = ModelConfig()
     mode: Mode = "disaggregated"
     device: Device = "auto"
     pools: PoolsConfig = PoolsConfig()
+    lora: LoraConfig | None = Field(None, description="LoRA adapters of `model`; None: off.")
+    models: tuple[ServedModelConfig, ...] = Field(
+        (), description="Several models in one deployment, each with its own pools; empty: the "
+        "one `model` with `pools`.",
+    )
+    aliases: tuple[AliasConfig, ...] = Field(
+        (), description="Model ids that map to served models by weight (canary rollout).",
+    )
     router: RouterConfig = RouterConfig()
     disaggregation: DisaggregationConfig = DisaggregationConfig()
     slo: SLOConfig = SLOConfig()
@@ -448,6 +526,34 @@ class SplitserveConfig(_Strict):
         if len(names) != len(set(names)):
             raise ValueError(f"tenants: duplicate tenant names in {names}")
         return self
+
+    @model_validator(mode="after")
+    def _models_consistent(self) -> SplitserveConfig:
+        if self.models:
+            if (self.model, self.pools, self.lora) != (ModelConfig(), PoolsConfig(), None):
+                raise ValueError("with `models:`, give each model its own `model`, `pools` and "
+                                 "`lora` there; leave the top-level ones out")
+            if self.autoscaling is not None:
+                raise ValueError("autoscaling: not supported with several `models` yet")
+        check_model_ids(self)
+        return self
+
+    def model_views(self) -> tuple[SplitserveConfig, ...]:
+        """One single-model config per served model, in order (the first is the primary one).
+
+        A view is this config with `model`, `mode`, `pools` and `lora` of one model and no
+        `models` or `aliases`: what engine specs, pool deployments and admission gates are
+        built from. Without `models:` the only view is this config itself.
+        """
+        if not self.models:
+            return (self,)
+        return tuple(
+            self.model_copy(update={
+                "model": m.model, "mode": m.mode or self.mode, "pools": m.pools,
+                "lora": m.lora, "models": (), "aliases": (),
+            })
+            for m in self.models
+        )
 
     def deployed_pools(self) -> dict[str, PoolConfig]:
         """The pools this mode deploys, by role name."""
@@ -476,6 +582,25 @@ class SplitserveConfig(_Strict):
                 node = node[p]
             node[leaf] = value
         return parse_config(data, "(with overrides)")
+
+
+def check_model_ids(cfg: SplitserveConfig) -> None:
+    """Model, adapter and alias ids are unique, and every alias target is a served model or an
+    adapter (raises ValueError naming the id)."""
+    served = [m.model for m in cfg.models] or [cfg.model]
+    loras = [m.lora for m in cfg.models] if cfg.models else [cfg.lora]
+    ids = [m.name for m in served]
+    ids += [a.name for lora in loras if lora is not None for a in lora.adapters]
+    ids += [a.name for a in cfg.aliases]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"model ids must be unique across models, adapters and aliases: {dupes}")
+    targets = set(ids) - {a.name for a in cfg.aliases}
+    for alias in cfg.aliases:
+        for t in alias.targets:
+            if t.model not in targets:
+                raise ValueError(f"aliases: {alias.name!r} targets {t.model!r}, which is no "
+                                 "served model or adapter")
 
 
 def _optional_section(model: type[BaseModel], path: list[str], name: str) -> bool:

@@ -148,23 +148,28 @@ def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
     session = Session(started_local_ray=False, device="cpu")
     _install_signal_handlers(session)
     try:
-        if cfg.model.path is None:
-            console.print("splitserve: preparing the built-in tiny model...")
-            console.print(f"  model at {build_tiny_model()}")
+        views = cfg.model_views()
+        for view in views:
+            if view.model.path is None:
+                console.print("splitserve: preparing the built-in tiny model...")
+                console.print(f"  model at {build_tiny_model(variant=view.model.tiny_variant)}")
         console.print("splitserve: starting Ray...")
         session.started_local_ray = start_ray(cfg, verbose=verbose)
         _install_signal_handlers(session)  # ray.init installs its own SIGTERM handler
         import ray
 
         session.device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
-        pools = ", ".join(
-            f"{role} x{p.replicas} (TP {p.tensor_parallel_size})"
-            for role, p in cfg.deployed_pools().items()
-        )
-        console.print(f"splitserve: deploying {cfg.mode} on {session.device}: {pools}")
+        for view in views:
+            pools = ", ".join(
+                f"{role} x{p.replicas} (TP {p.tensor_parallel_size})"
+                for role, p in view.deployed_pools().items()
+            )
+            console.print(f"splitserve: deploying {view.model.name} {view.mode} on "
+                          f"{session.device}: {pools}")
         deploy(cfg, session, console)
         url = f"http://{cfg.router.host}:{cfg.router.port}/v1"
-        console.print(f"splitserve ready: {url}  (model {cfg.model.name})", style="bold green")
+        names = ", ".join(v.model.name for v in views)
+        console.print(f"splitserve ready: {url}  (models {names})", style="bold green")
         console.print("Press Ctrl-C to stop.")
         while not session.stop_requested.wait(1.0):
             pass

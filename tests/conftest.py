@@ -71,13 +71,16 @@ def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[s
 
 
 def direct_greedy(
-    prompt_ids: list[int], max_tokens: int, *, fresh_cache: bool = False
+    prompt_ids: list[int], max_tokens: int, *, fresh_cache: bool = False,
+    deployment: str = "decode", lora=None,
 ) -> list[int]:
     """Greedy token ids from the decode pool's engine called directly through its Serve handle,
     bypassing the router: the reference that router and disaggregated outputs are compared with.
 
     `fresh_cache` drops the engine's prefix cache first, so that the reference recomputes the
     prompt instead of reusing KV that an earlier (e.g. NIXL-delivered) request left behind.
+    `deployment`: the pool deployment to call (several-model configs name one per model);
+    `lora`: a `LoraRef` to run the request with.
     """
     import asyncio
     import uuid
@@ -87,13 +90,14 @@ def direct_greedy(
     from splitserve.engine.messages import GenerateRequest, Sampling
 
     async def run() -> list[int]:
-        handle = serve.get_deployment_handle("decode", app_name="splitserve")
+        handle = serve.get_deployment_handle(deployment, app_name="splitserve")
         if fresh_cache:
             await handle.reset_prefix_cache.remote()
         req = GenerateRequest(
             request_id=f"direct-{uuid.uuid4().hex}",
             prompt_token_ids=tuple(prompt_ids),
             sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+            lora=lora,
         )
         out: list[int] = []
         async for chunk in handle.options(stream=True).generate.remote(req):

@@ -67,6 +67,23 @@ def pool_max_in_flight(cfg: SplitserveConfig, pool: str, replicas: int | None = 
     return max(1, max(count, 1) * pool_cfg.max_num_seqs // cfg.router.replicas)
 
 
+def admission_gates(cfg: SplitserveConfig) -> dict[str, FairAdmission]:
+    """One fair admission gate per deployed pool of `cfg` (a single-model view)."""
+    t = cfg.tenancy
+    weights = ServiceWeights(prompt=t.prompt_token_weight, output=t.output_token_weight)
+    return {
+        pool: FairAdmission(
+            pool,
+            pool_max_in_flight(cfg, pool),
+            scheduler=VTCScheduler(weights),
+            max_queued=t.max_queued,
+            max_queued_per_tenant=t.max_queued_per_tenant,
+            timeout_s=t.queue_timeout_s,
+        )
+        for pool in cfg.deployed_pools()
+    }
+
+
 class Tenancy:
     """The tenancy facade of one router replica (see the module docstring for the call order)."""
 
@@ -93,24 +110,20 @@ class Tenancy:
     ) -> Tenancy:
         """Build from the deployment config; `registry`: where the usage counters go."""
         t = cfg.tenancy
-        weights = ServiceWeights(prompt=t.prompt_token_weight, output=t.output_token_weight)
-        gates = {
-            pool: FairAdmission(
-                pool,
-                pool_max_in_flight(cfg, pool),
-                scheduler=VTCScheduler(weights),
-                max_queued=t.max_queued,
-                max_queued_per_tenant=t.max_queued_per_tenant,
-                timeout_s=t.queue_timeout_s,
-            )
-            for pool in cfg.deployed_pools()
-        }
+        gates = admission_gates(cfg)
         return cls(
             authenticator=Authenticator(tenants_from_config(cfg), open_mode=t.open_mode),
             quotas=LocalQuotaLimiter(share=cfg.router.replicas, clock=clock),
             gates=gates,
             usage=UsageLedger(UsageMetrics(registry) if registry is not None else None),
         )
+
+    def for_model(self, view: SplitserveConfig) -> Tenancy:
+        """A sibling for another served model (`SplitserveConfig.model_views`): the same keys,
+        quotas and usage ledger (a tenant's quota spans every model), the gates of that model's
+        own pools."""
+        return Tenancy(authenticator=self.authenticator, quotas=self.quotas,
+                       gates=admission_gates(view), usage=self.usage)
 
     @property
     def tenants(self) -> dict[str, Tenant]:

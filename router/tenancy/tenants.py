@@ -51,6 +51,7 @@ class Tenant:
     enabled: bool = True
     quotas: QuotaLimits = field(default_factory=QuotaLimits)
     api_key_hashes: tuple[str, ...] = ()
+    allowed_models: tuple[str, ...] | None = None  # ids or patterns; None: every model
 
     @classmethod
     def from_config(cls, t: TenantConfig) -> Tenant:
@@ -62,6 +63,7 @@ class Tenant:
             enabled=t.enabled,
             quotas=QuotaLimits.from_config(t.quotas),
             api_key_hashes=tuple(t.api_key_hashes),
+            allowed_models=tuple(t.allowed_models) if t.allowed_models is not None else None,
         )
 
 

@@ -55,6 +55,9 @@ class EngineSpec:
     share_cores: bool = False  # dev/test only: engines may share cores when short
     kv_lease_s: int = 30  # prefill keeps unpulled KV blocks this long (NIXL kv_lease_duration)
     engine_metrics: bool = False  # export vLLM's metrics through Ray's metrics agent
+    tiny_variant: int = 0  # built-in tiny model's weight variant (model None only)
+    max_loras: int = 0  # LoRA adapters resident at once; 0: LoRA off
+    max_lora_rank: int = 16
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
@@ -71,7 +74,8 @@ def engine_spec(
     *,
     kv_host: str | None = None,
 ) -> EngineSpec:
-    """The engine spec of pool `role` under `cfg` on `device`.
+    """The engine spec of pool `role` under `cfg` (a single-model view, see
+    `SplitserveConfig.model_views`) on `device`.
 
     `kv_host` is the NIXL side-channel address (127.0.0.1 for a single-machine cluster).
     """
@@ -100,6 +104,9 @@ def engine_spec(
         share_cores=cfg.placement.share_cores,
         kv_lease_s=cfg.disaggregation.kv_lease_s,
         engine_metrics=cfg.observability.engine_metrics,
+        tiny_variant=cfg.model.tiny_variant,
+        max_loras=cfg.lora.max_loras if cfg.lora is not None else 0,
+        max_lora_rank=cfg.lora.max_lora_rank if cfg.lora is not None else 16,
         faults=cfg.faults,
     )
 
@@ -121,6 +128,11 @@ def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
     }
     if spec.block_size is not None:
         kwargs["block_size"] = spec.block_size
+    if spec.max_loras:
+        # vLLM keeps up to max_cpu_loras adapters loaded (its own LRU) and runs max_loras of them
+        # in one batch; equal, so the router's residency bound is the engine's.
+        kwargs.update(enable_lora=True, max_loras=spec.max_loras,
+                      max_cpu_loras=spec.max_loras, max_lora_rank=spec.max_lora_rank)
     if spec.device == "cpu":
         kwargs["enforce_eager"] = True  # no graph capture on the CPU; starts in seconds
     else:

@@ -25,6 +25,8 @@ from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
     GenerateRequest,
+    LoraOp,
+    LoraRef,
     RequestRejected,
     Sampling,
     TokenLogprob,
@@ -154,9 +156,11 @@ class EngineHost:
             host = spec.kv_host or ray.util.get_node_ip_address()
             port = free_port_block(host, spec.tensor_parallel_size)
             os.environ.update(nixl_env(host, port))
-        model_path = resolve_model_path(spec.model)
+        model_path = resolve_model_path(spec.model, spec.tiny_variant)
         log.info("%s: starting engine on cores %s for %s", self._holder, cores, model_path)
         self._stats = LatestStats()
+        self._loras: dict[int, str] = {}  # adapters asked for, by id (vLLM's list is the truth)
+        self._loaded_loras: list[int] = []  # vLLM's list as last read (routing stats)
         self.engine = self._build_engine(model_path)
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
 
@@ -206,7 +210,10 @@ class EngineHost:
             if req.cache_salt:
                 prompt["cache_salt"] = req.cache_salt
             pulled = _remote_blocks(kv_params) * self.kv_block_bytes
-            async for out in self.engine.generate(prompt, params, request_id=req.request_id):
+            lora = self._lora_request(req.lora)
+            async for out in self.engine.generate(
+                prompt, params, request_id=req.request_id, lora_request=lora
+            ):
                 comp = out.outputs[0]
                 logprobs = None
                 if req.sampling.logprobs is not None and comp.logprobs:
@@ -225,6 +232,10 @@ class EngineHost:
                     kv_transfer_params=out.kv_transfer_params if done else None,
                     logprobs=logprobs,
                 )
+            if lora is not None:  # the engine may have loaded it just now
+                self._loaded_loras = sorted(await self.engine.list_loras())
+        except RequestRejected:
+            raise
         except Exception as err:  # noqa: BLE001 - cancellation (BaseException) passes through
             from vllm.exceptions import VLLMClientError
 
@@ -259,6 +270,53 @@ class EngineHost:
             self._dead_port = faults.closed_port(str(params.get("remote_host") or "127.0.0.1"))
         return faults.dead_peer_params(params, self._dead_port)
 
+    def _lora_request(self, ref: LoraRef | None):  # -> vllm LoRARequest | None
+        """vLLM's request for `ref`; the engine loads the adapter from its path on first use."""
+        if ref is None:
+            return None
+        if not self.spec.max_loras:
+            raise RequestRejected(self.replica_id, "LoRA adapters are off on this model", "model")
+        from vllm.lora.request import LoRARequest
+
+        self._loras[ref.lora_id] = ref.name
+        return LoRARequest(ref.name, ref.lora_id, ref.path)
+
+    async def load_lora(self, op: LoraOp) -> dict[str, Any]:
+        """Load `op.ref` into the engine now (idempotent); returns {"replica": this replica's
+        id, "loras": the loaded adapter ids}.
+
+        Raises `RequestRejected` when the adapter cannot be loaded (missing files, rank over
+        `max_lora_rank`, LoRA off): the router registers an adapter only after every replica of
+        every pool of its model loaded it.
+        """
+        ref = op.ref
+        try:
+            await self.engine.add_lora(self._lora_request(ref))
+        except RequestRejected:
+            raise
+        except Exception as err:  # noqa: BLE001 - vLLM raises plain errors for bad adapters
+            self._loras.pop(ref.lora_id, None)
+            raise RequestRejected(self.replica_id, f"cannot load adapter {ref.name!r}: {err}",
+                                  "lora_path") from None
+        return {"replica": self.replica_id, "loras": await self.loras()}
+
+    async def unload_lora(self, op: LoraOp) -> dict[str, Any]:
+        """Drop adapter `op.ref` from the engine (no-op if absent); returns like `load_lora`.
+        Requests already running with it still finish: the router unloads only once it has no
+        request in flight, and the engine reloads an adapter a running request needs."""
+        lora_id = op.ref.lora_id
+        if self.spec.max_loras and lora_id in await self.engine.list_loras():
+            await self.engine.remove_lora(lora_id)
+        self._loras.pop(lora_id, None)
+        return {"replica": self.replica_id, "loras": await self.loras()}
+
+    async def loras(self) -> list[int]:
+        """The adapter ids loaded in this engine now."""
+        if not self.spec.max_loras:
+            return []
+        self._loaded_loras = sorted(await self.engine.list_loras())
+        return self._loaded_loras
+
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve's hook: load figures the pool's request router reads (see replica_router)."""
         s = self._stats.snapshot(
@@ -266,7 +324,8 @@ class EngineHost:
             replica=self._holder,
             num_unfinished=self.engine.get_num_unfinished_requests(),
         )
-        return {"num_unfinished": s.num_unfinished, "kv_cache_usage": s.kv_cache_usage}
+        return {"num_unfinished": s.num_unfinished, "kv_cache_usage": s.kv_cache_usage,
+                "loras": list(self._loaded_loras)}
 
     async def check_health(self) -> None:
         """Serve's health hook: raises when the engine process is dead."""

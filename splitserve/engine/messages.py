@@ -57,6 +57,27 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class LoraRef:
+    """The LoRA adapter a request runs with. Every engine the request visits (its prefill and
+    its decode worker) gets the full reference, and loads the adapter from `path` if it has not
+    yet: no worker can wait for an adapter it does not have. `lora_id` is unique per adapter
+    within a deployment (vLLM's lora_int_id)."""
+
+    name: str
+    lora_id: int
+    path: str
+
+
+@dataclass(frozen=True)
+class LoraOp:
+    """Load or unload `ref` on one replica of a pool, other than `avoid_replicas` (the ones done
+    already): the router repeats it to reach every replica (`router/lora_admin.py`)."""
+
+    ref: LoraRef
+    avoid_replicas: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """One request as a worker sees it: already tokenized, already checked against the context."""
 
@@ -66,6 +87,7 @@ class GenerateRequest:
     kv_transfer_params: dict[str, Any] | None = None
     cache_salt: str | None = None  # scopes prefix caching (derived from the tenant)
     avoid_replicas: tuple[str, ...] = ()  # replica ids that failed this request (retries)
+    lora: LoraRef | None = None  # the request's LoRA adapter (None: the base model)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ Rules (one function each):
 - device: pipeline parallelism is not supported on the CPU; the LLMInferenceService runs CUDA
   vLLM only;
 - model: KServe needs a model it can fetch (a hub id or storage URI), not a local directory;
-- network: a loopback `router.host` is unreachable from the Service.
+- network: a loopback `router.host` is unreachable from the Service;
+- models: a several-model config (`models:`) is not rendered for Kubernetes yet (the KServe
+  resources describe one model; the chart's worker groups are sized from one model's pools).
 """
 
 from __future__ import annotations
@@ -129,6 +131,9 @@ def preflight(cfg: SplitserveConfig, target: Target = "helm", *,
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     if gpus_per_node < 1:
         raise ValueError("gpus_per_node must be at least 1")
+    if cfg.models:
+        return [Finding("error", "models", "several models in one deployment run with "
+                        "`splitserve serve` only; render one config per model for Kubernetes")]
     return [
         *_placement(cfg, target, gpus_per_node),
         *_compatibility(cfg),

@@ -47,10 +47,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def default_tiny_model_dir() -> Path:
-    """Where `serve` builds the tiny model when the config names none (per user cache)."""
+def default_tiny_model_dir(variant: int = 0) -> Path:
+    """Where `serve` builds the tiny model (weight `variant`) when the config names none (per
+    user cache)."""
     root = Path(os.environ.get("SPLITSERVE_CACHE", Path.home() / ".cache" / "splitserve"))
-    return root / "models" / f"{TINY_MODEL_NAME}-v{TINY_MODEL_VERSION}"
+    suffix = f"-w{variant}" if variant else ""
+    return root / "models" / f"{TINY_MODEL_NAME}-v{TINY_MODEL_VERSION}{suffix}"
 
 
 def _train_tokenizer():  # -> tokenizers.Tokenizer
@@ -74,8 +76,8 @@ def _train_tokenizer():  # -> tokenizers.Tokenizer
     return tok
 
 
-def _weights(bos_id: int, eos_id: int) -> dict[str, np.ndarray]:
-    rng = np.random.Generator(np.random.PCG64(SEED))
+def _weights(bos_id: int, eos_id: int, variant: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.Generator(np.random.PCG64(SEED + variant))
 
     def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * WEIGHT_STD).astype(np.float32)
@@ -139,8 +141,13 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def build_tiny_model(out: str | Path | None = None, *, force: bool = False) -> Path:
+def build_tiny_model(
+    out: str | Path | None = None, *, force: bool = False, variant: int = 0
+) -> Path:
     """Write the tiny model into `out` (default: the user cache) and return its directory.
+
+    `variant` 0 is the built-in model; another number draws other weights from another seed
+    (same architecture and tokenizer): a second model with different outputs.
 
     Idempotent: an existing complete build is left alone unless `force`. The directory appears
     atomically (built in a temporary sibling, then renamed), so concurrent callers on one machine
@@ -148,7 +155,7 @@ def build_tiny_model(out: str | Path | None = None, *, force: bool = False) -> P
     """
     from safetensors.numpy import save_file
 
-    out = Path(out) if out is not None else default_tiny_model_dir()
+    out = Path(out) if out is not None else default_tiny_model_dir(variant)
     if (out / "model.safetensors").exists() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +170,8 @@ def build_tiny_model(out: str | Path | None = None, *, force: bool = False) -> P
             tmp / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": eos_id}
         )
         save_file(
-            _weights(bos_id, eos_id), str(tmp / "model.safetensors"), metadata={"format": "pt"}
+            _weights(bos_id, eos_id, variant), str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
         )
         tmp.chmod(0o755)
         for f in tmp.iterdir():

@@ -113,3 +113,9 @@ def test_cli_check(tmp_path: Path, capsys) -> None:
     assert main(["k8s", "check", "-c", str(bad), "--gpus-per-node", "16"]) == 0
     assert main(["k8s", "check", "--target", "llmisvc"]) == 1
     assert "model.path" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["helm", "kserve", "llmisvc"])
+def test_several_models_are_refused_for_kubernetes(target) -> None:
+    cfg = parse_config({"models": [{"model": {"name": "a"}}, {"model": {"name": "b"}}]})
+    assert [(f.level, f.key) for f in preflight(cfg, target)] == [("error", "models")]

@@ -107,8 +107,10 @@ def dispatcher(
     )
 
 
-def build_router(cfg, prefill: Pool, decode: Pool, exporter=None):
-    """The Router's request path without Ray Serve: its class, built by hand."""
+def build_router(cfg, prefill: Pool | None, decode: Pool | None, exporter=None, *,
+                 pools: dict[str, dict[str, Pool]] | None = None):
+    """The Router's request path without Ray Serve: its class, built by hand. `pools`:
+    {model: {role: Pool}} for a several-model config (instead of `prefill` and `decode`)."""
     from splitserve.router.app import Router
     from splitserve.router.pool_metrics import PoolStateCollector
 
@@ -121,16 +123,15 @@ def build_router(cfg, prefill: Pool, decode: Pool, exporter=None):
     router.metrics = RouterMetrics()
     router.tenancy = Tenancy.from_config(cfg, registry=router.metrics.registry)
     router.tracing = tr.Tracing.from_config(cfg.tracing, exporter=exporter)
-    router.dispatcher = dispatcher(
-        cfg, prefill, decode, router.tracing, metrics=router.metrics, tenancy=router.tenancy
-    )
+    prompts = object.__new__(PromptBuilder)
+    prompts.tokenizer, prompts.max_model_len = [None] * 1000, cfg.model.max_model_len
+    # the real per-model setup (routes, dispatcher, catalog) over the fake pools
+    router._setup_models(pools or {"prefill": prefill, "decode": decode},
+                         make_prompts=lambda _: prompts)
     router.metrics.registry.register(
         PoolStateCollector(router.tenancy.gates, router.dispatcher.replicas)
     )
     router._background = []
-    prompts = object.__new__(PromptBuilder)
-    prompts.tokenizer, prompts.max_model_len = [None] * 1000, cfg.model.max_model_len
-    router.prompts = prompts
     return router
 
 
