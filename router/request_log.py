@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -28,6 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from splitserve.logs import FIELDS
 from splitserve.router.tenancy.tenants import UNAUTHENTICATED
+from splitserve.router.request_end import RequestEnd
 
 if TYPE_CHECKING:
     from splitserve.engine.messages import GenerateChunk, GenerateRequest
@@ -75,7 +76,7 @@ def trace_id_of(context: Context | None, headers: Mapping[str, str]) -> str | No
     return None
 
 
-class RequestObserver:
+class RequestObserver(RequestEnd):
     """One request's figures until it is over; then its metrics and log line (see module doc).
 
     Single event loop, like the rest of the request path. `clock`: seconds, monotonic."""
@@ -95,8 +96,7 @@ class RequestObserver:
             trace_id=trace_id, endpoint=endpoint, tenant=UNAUTHENTICATED, prompt_tokens=0,
             cached_tokens=0, output_tokens=0,
         )
-        self._holds = 1  # the handler's; a started stream adds one
-        self._cancelled = False
+        super().__init__()
         self._stream_status: int | None = None
         self._last_chunk_at: float | None = None
 
@@ -117,30 +117,11 @@ class RequestObserver:
         if prompt is not None and self.log_prompt:
             self.fields["prompt"] = prompt
 
-    def stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
-        """`chunks`, observed; the request is not over until this is closed."""
-        return self._stream(chunks)
+    def _on_stream_error(self, err: BaseException) -> None:
+        self._stream_status = getattr(err, "status", 500)
+        self.fields["error"] = _error_name(err)
 
-    async def _stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
-        self._holds += 1
-        try:
-            async for chunk in chunks:
-                self._chunk(chunk)
-                yield chunk
-        except (GeneratorExit, asyncio.CancelledError):
-            self._cancelled = True
-            raise
-        except BaseException as err:
-            self._stream_status = getattr(err, "status", 500)
-            self.fields["error"] = _error_name(err)
-            raise
-        finally:
-            try:
-                await chunks.aclose()  # type: ignore[attr-defined]
-            finally:
-                self._release()
-
-    def _chunk(self, chunk: GenerateChunk) -> None:
+    def _on_chunk(self, chunk: GenerateChunk) -> None:
         f, now = self.fields, self.clock()
         n = len(chunk.token_ids)
         if n:
@@ -164,11 +145,6 @@ class RequestObserver:
         if error is not None and self.fields["error"] is None:
             self.fields["error"] = _error_name(error)
         self._release()
-
-    def _release(self) -> None:
-        self._holds -= 1
-        if self._holds == 0:
-            self._end()
 
     def _end(self) -> None:
         f = self.fields

@@ -50,6 +50,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from splitserve.config import TracingConfig
+from splitserve.router.request_end import RequestEnd
 
 if TYPE_CHECKING:
     from splitserve.engine.messages import GenerateChunk, GenerateRequest
@@ -298,7 +299,7 @@ class NoopRequestTrace:
 NOOP_REQUEST = NoopRequestTrace()
 
 
-class RequestTrace:
+class RequestTrace(RequestEnd):
     """A recording request's root span. It ends once the handler has answered (`answered`)
     and the chunk stream it wrapped (`stream`), if it was started, is closed: whichever is
     last. Single event loop, like the rest of the request path."""
@@ -306,12 +307,12 @@ class RequestTrace:
     def __init__(self, span: Span) -> None:
         self.span = span
         self.context: Context | None = trace.set_span_in_context(span)
-        self._holds = 1  # the handler's; a started stream adds one
+        super().__init__()
         self._status: int | None = None
         self._error: BaseException | None = None
         self._stream_error: BaseException | None = None
-        self._cancelled = False
-        self._output_tokens: int | None = None
+        self._streamed_tokens = 0
+        self._output_tokens: int | None = None  # set when the stream closes
 
     def describe(
         self, *, tenant: Tenant | None = None, request: GenerateRequest | None = None,
@@ -329,29 +330,14 @@ class RequestTrace:
             attrs[STREAM] = stream
         self.span.set_attributes(attrs)
 
-    def stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
-        """`chunks`, counting output tokens; the root span stays open until this is closed."""
-        return self._stream(chunks)
+    def _on_chunk(self, chunk: GenerateChunk) -> None:
+        self._streamed_tokens += len(chunk.token_ids)
 
-    async def _stream(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
-        self._holds += 1
-        n_out = 0
-        try:
-            async for chunk in chunks:
-                n_out += len(chunk.token_ids)
-                yield chunk
-        except (GeneratorExit, asyncio.CancelledError):
-            self._cancelled = True
-            raise
-        except BaseException as err:
-            self._stream_error = err
-            raise
-        finally:
-            try:
-                await chunks.aclose()  # type: ignore[attr-defined]
-            finally:
-                self._output_tokens = n_out
-                self._release()
+    def _on_stream_error(self, err: BaseException) -> None:
+        self._stream_error = err
+
+    def _on_stream_closed(self) -> None:
+        self._output_tokens = self._streamed_tokens
 
     def answered(self, status: int, error: BaseException | None = None) -> None:
         """The handler is done: `status` sent (or `error` raised). Call exactly once."""
@@ -361,11 +347,6 @@ class RequestTrace:
             self._status = status
             self._error = error
         self._release()
-
-    def _release(self) -> None:
-        self._holds -= 1
-        if self._holds == 0:
-            self._end()
 
     def _end(self) -> None:
         span = self.span
