@@ -38,7 +38,7 @@ serve: install
 
 # Full test suite, including the slow tests that start real vLLM engines (chaos runs apart).
 test: install
-	$(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not chaos" --durations=30 $(PYTEST_ARGS)
 
 # Quick tests only: skip everything marked `engine`.
 test-fast: install

@@ -1,6 +1,7 @@
 """Foundation benchmark: start-up time to first token, and the router's added latency.
 
     .venv/bin/python scripts/bench_foundation.py [--requests 200] [--skip-startup]
+    .venv/bin/python scripts/bench_foundation.py --startup-compare 2   # start-up only, A/B
 
 1. Start-up: runs `make serve` on a free port (warm machine: venv and tiny model present) and
    measures the wall time until the first chat completion returns through the `openai` client.
@@ -8,6 +9,10 @@
    the full HTTP path (Serve proxy → router → engine) and the engine called directly through its
    Serve deployment handle, with the same token ids, so that both see the same machine noise.
    Reports p50/p99 of each and of the difference.
+
+`--startup-compare N` measures only start-up, N rounds of two `make serve` runs side by side:
+engine workers forked by their EngineCore (the default) and spawned
+(`SPLITSERVE_FORK_ENGINE_WORKERS=0`, vLLM's choice inside Ray; splitserve/engine/vllm_plugin.py).
 
 Prints a table and writes bench-results/foundation.json.
 """
@@ -34,8 +39,9 @@ from tests.conftest import free_port, running_deployment, test_config  # noqa: E
 PROMPT = "The quick brown fox jumps over the lazy dog while the small model counts tokens."
 
 
-def bench_startup() -> dict:
-    """Seconds from `make serve` to the first answered chat completion."""
+def bench_startup(env: dict[str, str] | None = None) -> dict:
+    """Seconds from `make serve` to the first answered chat completion (`env`: extra
+    environment variables for `make serve`)."""
     import openai
 
     port = free_port()
@@ -43,6 +49,7 @@ def bench_startup() -> dict:
     proc = subprocess.Popen(
         ["make", "-s", "serve", f"ARGS=--port {port}"], cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
     first_token = None
@@ -81,11 +88,32 @@ def bench_overhead(n: int, max_tokens_list: tuple[int, ...]) -> dict:
     return results
 
 
+def compare_startup(rounds: int) -> None:
+    """Start-up with the EngineCore forking its worker vs spawning it, alternating."""
+    variants = {"fork": {}, "spawn": {"SPLITSERVE_FORK_ENGINE_WORKERS": "0"}}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for name, env in variants.items():
+            s = bench_startup(env)["make_serve_to_first_token_s"]
+            times[name].append(s)
+            print(f"round {r + 1} {name:5s} make serve -> first token: {s:.1f} s", flush=True)
+    for name, ts in times.items():
+        print(f"{name:5s} median {sorted(ts)[len(ts) // 2]:.1f} s over {len(ts)} runs")
+    dest = ROOT / "bench-results" / "startup_fork_vs_spawn.json"
+    dest.parent.mkdir(exist_ok=True)
+    dest.write_text(json.dumps(times, indent=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--skip-startup", action="store_true")
+    p.add_argument("--startup-compare", type=int, default=0, metavar="N",
+                   help="only start-up: N rounds of forked vs spawned engine workers")
     args = p.parse_args()
+    if args.startup_compare:
+        compare_startup(args.startup_compare)
+        return
     out: dict = {"machine": {"cpus": os.cpu_count()}}
     if not args.skip_startup:
         out["startup"] = bench_startup()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import time
@@ -41,7 +42,7 @@ def wait_healthy(base_url: str, timeout_s: float = 300) -> None:
 
 
 @contextlib.contextmanager
-def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[str]:
+def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     """Start Ray in this process, deploy `cfg`, yield the base URL; tear everything down after."""
     import ray
     from ray import serve
@@ -68,6 +69,55 @@ def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[s
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
+
+
+class _Shared:
+    """The deployment `shared_deployment` left running: its config key, URL and teardown."""
+
+    key: str | None = None
+    base: str = ""
+    stack: contextlib.ExitStack | None = None
+
+
+def _deployment_key(cfg: SplitserveConfig, device: str) -> str:
+    data = cfg.model_dump(mode="json")
+    data["router"].pop("port", None)  # every test config gets a free port: not a difference
+    return json.dumps([device, data], sort_keys=True)
+
+
+def close_shared_deployment() -> None:
+    """Tear down the deployment `shared_deployment` left running, if any."""
+    stack, _Shared.stack, _Shared.key = _Shared.stack, None, None
+    if stack is not None:
+        stack.close()
+
+
+@contextlib.contextmanager
+def running_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[str]:
+    """Start Ray in this process, deploy `cfg`, yield the base URL; tear everything down after.
+
+    A module whose tests change the deployment (kill replicas, scale pools, inject faults) uses
+    this: it gets a cluster of its own."""
+    close_shared_deployment()  # one Ray cluster per process
+    with _deploy(cfg, device) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def shared_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[str]:
+    """Like `running_deployment`, for modules that only send requests: the deployment stays up
+    after the block, and the next module asking for the same config (the port aside) gets it
+    instead of a new cluster. Each start of Ray and two engines costs a minute or more on two
+    cores. Tests on a shared deployment must not assume fresh counters or caches: they compare
+    metrics before and after their own requests. Torn down by the next other deployment or at
+    the end of the session (`tests/e2e/conftest.py` orders the modules that share)."""
+    key = _deployment_key(cfg, device)
+    if _Shared.key != key:
+        close_shared_deployment()
+        stack = contextlib.ExitStack()
+        _Shared.base = stack.enter_context(_deploy(cfg, device))
+        _Shared.key, _Shared.stack = key, stack
+    yield _Shared.base
 
 
 def direct_greedy(
@@ -132,3 +182,40 @@ async def stream_token_ids(
             if on_tokens is not None:
                 on_tokens(new)
     return got
+
+
+# Modules that take their deployment from `shared_deployment`, in the order they run (first in
+# the session, so that consecutive ones find the config they need already up): test_api and
+# test_bench use the default colocated config, test_params that one and then the disaggregated
+# config of test_disaggregated.
+SHARING_MODULES = ("e2e/test_api.py", "e2e/test_bench.py", "e2e/test_params.py",
+                   "e2e/test_disaggregated.py")
+
+
+def _module_name(path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the SHARING_MODULES first, in their order; everything else keeps its order."""
+    def key(pair: tuple[int, pytest.Item]) -> tuple[int, int]:
+        index, item = pair
+        name = _module_name(item.path)
+        return (0, SHARING_MODULES.index(name)) if name in SHARING_MODULES else (1, index)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_deployment_session() -> Iterator[None]:
+    """Stop the shared deployment, if one is left, at the end of the session."""
+    yield
+    close_shared_deployment()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_deployment_scope(request: pytest.FixtureRequest) -> None:
+    """Stop a shared deployment before a module that does not share one: its engines would only
+    take memory, and test_serve_cli starts clusters of its own."""
+    if _module_name(request.path) not in SHARING_MODULES:
+        close_shared_deployment()

@@ -6,10 +6,12 @@ Nothing here imports vLLM or Ray: `EngineSpec` is what a worker needs to build i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from splitserve.config import FaultsConfig, SplitserveConfig
+from splitserve.engine.vllm_plugin import FORK_WORKERS_ENV
 
 Role = Literal["prefill", "decode"]
 
@@ -156,11 +158,16 @@ def omp_threads_bind(cores: list[int], ranks: int) -> str:
 
 
 def engine_env(spec: EngineSpec, cores: list[int]) -> dict[str, str]:
-    """Environment the engine process needs (CPU: core binding, KV space, no oneDNN cache)."""
+    """Environment the engine process needs (CPU: core binding, KV space, no oneDNN cache, the
+    EngineCore forking its worker: `SPLITSERVE_FORK_ENGINE_WORKERS=0` in the deployment's
+    environment turns that off)."""
     if spec.device != "cpu":
         return {}
     return {
         "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind(cores, spec.ranks),
         "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib),
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(ONEDNN_PRIMITIVE_CACHE_CAPACITY),
+        # The EngineCore forks its worker instead of spawning it (vllm_plugin.fork_engine_workers)
+        # unless the deployment's environment says 0.
+        FORK_WORKERS_ENV: "0" if os.environ.get(FORK_WORKERS_ENV) == "0" else "1",
     }

@@ -21,6 +21,15 @@ after (the same rewind), and hides them from the CUDA-only rewind (`patch_cpu_se
 
 Third: it installs per-request KV-transfer telemetry (`kv_telemetry`): the connector's measured
 duration and bytes of each transfer, tagged with the request they belong to.
+
+Fourth: engine start-up (`fork_engine_workers`). A replica is a Ray actor, so vLLM must *spawn*
+its EngineCore process, and it then also spawns the EngineCore's model-runner worker (the
+`spawn` choice is inherited through the environment). Each spawned process imports vLLM and
+torch again: about 25 s of CPU here, per process. The EngineCore is not a Ray actor, and
+forking its workers is vLLM's own default outside Ray, so in the EngineCore of an engine whose
+host asks for it (`FORK_WORKERS_ENV`), the plugin sets the method back to `fork`: the worker
+starts with everything imported. vLLM's own checks still force `spawn` where fork is unsafe
+(CUDA already initialised).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import contextlib
 import importlib.abc
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -181,8 +191,28 @@ def patch_cpu_seeded_sampling() -> None:
         sys.meta_path.insert(0, _AfterImport(CPU_MODEL_RUNNER, _patch_cpu_runner))
 
 
+FORK_WORKERS_ENV = "SPLITSERVE_FORK_ENGINE_WORKERS"
+
+
+def _in_ray_actor() -> bool:
+    ray = sys.modules.get("ray")  # never imported here just to answer "no"
+    if ray is None or not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().get_actor_id() is not None
+
+
+def fork_engine_workers() -> bool:
+    """Outside Ray actors, when `FORK_WORKERS_ENV` is "1": have vLLM fork (not spawn) the worker
+    processes this process starts. True when it did (in the EngineCore and its workers)."""
+    if os.environ.get(FORK_WORKERS_ENV) != "1" or _in_ray_actor():
+        return False
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    return True
+
+
 def register() -> None:
     """vLLM general-plugin entry point: runs in every vLLM process, possibly several times."""
+    fork_engine_workers()
     patch_nixl_progress_delay()
     patch_cpu_seeded_sampling()
     kv_telemetry.install()

@@ -13,13 +13,14 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from splitserve.config import load_config
 from splitserve.models import build_tiny_model
-from tests.conftest import direct_greedy, running_deployment, test_config
+from tests.conftest import direct_greedy, shared_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
 MODEL = "splitserve-tiny"
-MAX_BODY = 64 * 1024
+MAX_BODY = load_config(None).router.max_body_bytes  # the default limit
 # Deadlines the deadline tests ask for (x-splitserve-timeout-s): far shorter than the 2000-token
 # generations they cut (seconds at the tiny model's fastest, a few ms per token), long enough for
 # the first tokens of a stream.
@@ -54,8 +55,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def deployment():
-    cfg = test_config(**{"router.max_body_bytes": MAX_BODY, "mode": "colocated"})
-    with running_deployment(cfg) as base:
+    # The default colocated config, shared with test_bench and test_params (tests/conftest.py)
+    with shared_deployment(test_config(mode="colocated")) as base:
         yield base
 
 

@@ -13,7 +13,7 @@ import pytest
 from splitserve.bench.report import read_requests
 from splitserve.bench.stats import SLO, meets_slo
 from splitserve.cli import main
-from tests.conftest import running_deployment, test_config
+from tests.conftest import shared_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -23,7 +23,7 @@ N, PROMPT, OUTPUT = 12, 64, 8
 
 @pytest.fixture(scope="module")
 def base_url():
-    with running_deployment(test_config(mode="colocated")) as base:
+    with shared_deployment(test_config(mode="colocated")) as base:
         yield f"{base}/v1"
 
 

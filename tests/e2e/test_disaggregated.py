@@ -14,7 +14,7 @@ import openai
 import pytest
 from ray import serve
 
-from tests.conftest import direct_greedy, running_deployment, test_config
+from tests.conftest import direct_greedy, shared_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -44,7 +44,7 @@ def deployment():
             "disaggregation.offload_to_prefill": False,
         }
     )
-    with running_deployment(cfg) as base:
+    with shared_deployment(cfg) as base:  # shared with test_params
         yield base
 
 

@@ -22,7 +22,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from splitserve.models import build_tiny_model
-from tests.conftest import running_deployment, test_config
+from tests.conftest import shared_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -179,11 +179,14 @@ async def _params(client: openai.AsyncOpenAI, tok) -> dict[str, Any]:
 async def _collect(base: str, tok) -> dict[str, Any]:
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     out: dict[str, Any] = {}
+    before = _decisions(base)  # the deployment is shared: count this module's requests only
     out["json"] = await _json_requests(client)
     out["structured"] = await _structured_extras(client)
     out["tools"] = await _tools(client)
     out["params"] = await _params(client, tok)
-    out["decisions"] = _decisions(base)
+    out["decisions"] = {
+        path: n - before.get(path, 0) for path, n in _decisions(base).items()
+    }
     return out
 
 
@@ -206,15 +209,16 @@ def results(tok) -> dict[str, dict[str, Any]]:
     """Every mode's answers: the colocated deployment first, then the disaggregated one."""
     overrides = {
         "colocated": {"mode": "colocated"},
-        "disaggregated": {
+        "disaggregated": {  # test_disaggregated's config: the deployment is shared
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": THRESHOLD,
             "disaggregation.spill_to_decode": False,
+            "disaggregation.offload_to_prefill": False,
         },
     }
     out = {}
     for mode in MODES:
-        with running_deployment(test_config(**overrides[mode])) as base:
+        with shared_deployment(test_config(**overrides[mode])) as base:
             out[mode] = asyncio.run(_collect(base, tok))
     return out
 

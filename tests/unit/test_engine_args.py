@@ -91,7 +91,7 @@ def test_engine_kwargs_cuda() -> None:
 def test_engine_env_cpu() -> None:
     env = engine_env(engine_spec(_cfg(), "prefill", "cpu"), [4, 5, 6, 7])
     assert env == {"VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7", "VLLM_CPU_KVCACHE_SPACE": "3",
-                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "SPLITSERVE_FORK_ENGINE_WORKERS": "1"}
 
 
 def test_engine_env_cpu_uneven_cores_raises() -> None:
@@ -101,3 +101,9 @@ def test_engine_env_cpu_uneven_cores_raises() -> None:
 
 def test_engine_env_cuda_is_empty() -> None:
     assert engine_env(engine_spec(_cfg(), "decode", "cuda"), [0, 1]) == {}
+
+
+def test_forked_engine_workers_can_be_turned_off(monkeypatch) -> None:
+    monkeypatch.setenv("SPLITSERVE_FORK_ENGINE_WORKERS", "0")
+    env = engine_env(engine_spec(_cfg(), "prefill", "cpu"), [4, 5, 6, 7])
+    assert env["SPLITSERVE_FORK_ENGINE_WORKERS"] == "0"

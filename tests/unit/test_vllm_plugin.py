@@ -3,6 +3,8 @@ progress-thread delay into `PROGRESS_DELAY_US` on the real NIXL bindings."""
 
 from __future__ import annotations
 
+import os
+import sys
 from importlib.metadata import entry_points
 
 import pytest
@@ -91,3 +93,36 @@ def test_the_real_cpu_model_runner_is_patched_when_imported() -> None:
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     assert CPUModelRunner.splitserve_seed_patch
+
+
+class _FakeRay:
+    """Stands in for the `ray` module as seen from inside a Ray actor (a fake: no cluster)."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def get_runtime_context():
+        class _Ctx:
+            @staticmethod
+            def get_actor_id() -> str:
+                return "actor-1"
+        return _Ctx()
+
+
+def test_engine_core_forks_its_workers_when_the_host_asks(monkeypatch) -> None:
+    monkeypatch.setenv(vllm_plugin.FORK_WORKERS_ENV, "1")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # inherited from the replica
+    assert vllm_plugin.fork_engine_workers()
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_no_fork_without_the_flag_or_inside_a_ray_actor(monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.delenv(vllm_plugin.FORK_WORKERS_ENV, raising=False)
+    assert not vllm_plugin.fork_engine_workers()
+    monkeypatch.setenv(vllm_plugin.FORK_WORKERS_ENV, "1")
+    monkeypatch.setitem(sys.modules, "ray", _FakeRay())  # the replica: vLLM must spawn there
+    assert not vllm_plugin.fork_engine_workers()
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"

@@ -1,0 +1,124 @@
+"""TPOT of one CPU engine with and without the NIXL connector: same workload, same core.
+
+Why: on the decode-heavy workload, disaggregated engines decoded at about twice the time per
+token of colocated ones (BENCHMARKS.md, "offload"). The engines differ in one thing when no KV
+moves: a disaggregated engine has vLLM's NixlConnector (scheduler and worker halves, a NIXL
+agent with its progress thread). This probe runs one engine, configured as the deployment
+configures a decode engine (`engine_spec`, `engine_kwargs`, `engine_env`), with and without
+the connector, and times decode steps at several numbers of concurrent streams. No KV moves in
+either variant, so any difference is the connector's per-step cost.
+
+Each variant runs in its own process (a fresh engine, bound to the same core); variants
+alternate over `--rounds` so that the machine's noise falls on both. Prints one line per
+variant and round, then the nixl/plain TPOT ratio per stream count.
+
+    flock /tmp/engine.lock nice -n 5 .venv/bin/python scripts/probe_connector_tpot.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ("plain", "nixl")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--streams", default="1,4,8,16", help="concurrent streams, comma-separated")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--core", type=int, default=1, help="the core the engine runs on")
+    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    """In a child process: start the engine and time decode at each stream count."""
+    import numpy as np
+    from splitserve.kv_transfer.nixl import nixl_env, nixl_transfer_config
+    from vllm import SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from splitserve.config import load_config
+    from splitserve.engine.args import engine_env, engine_kwargs, engine_spec
+    from splitserve.models import build_tiny_model, resolve_model_path
+
+    cfg = load_config(None).with_overrides(mode="disaggregated")
+    spec = engine_spec(cfg, "decode", "cpu", kv_host="127.0.0.1")
+    os.environ.update(engine_env(spec, [args.core]))
+    build_tiny_model()
+    kwargs = engine_kwargs(spec, resolve_model_path(spec.model, spec.tiny_variant))
+    if variant == "nixl":
+        os.environ.update(nixl_env("127.0.0.1", 15600))
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            **nixl_transfer_config("probe-decode", "cpu")
+        )
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    rng = np.random.default_rng(0)
+
+    async def one(n_out: int) -> float:
+        ids = [int(t) for t in rng.integers(10, 500, args.prompt_len)]
+        sp = SamplingParams(max_tokens=n_out, min_tokens=n_out, temperature=0.0, ignore_eos=True)
+        first, n = None, 0
+        async for out in engine.generate(
+            TokensPrompt(prompt_token_ids=ids), sp, request_id=f"p-{time.time_ns()}-{rng.random()}"
+        ):
+            if first is None:
+                first = time.perf_counter()
+            n = len(out.outputs[0].token_ids)
+        return (time.perf_counter() - first) / max(n - 1, 1)
+
+    await asyncio.gather(*(one(8) for _ in range(4)))  # warm-up
+    result: dict[int, dict[str, float]] = {}
+    for s in (int(x) for x in args.streams.split(",")):
+        per_stream = await asyncio.gather(*(one(args.output_len) for _ in range(s)))
+        result[s] = {"tpot_ms": 1000 * statistics.mean(per_stream)}
+    engine.shutdown()
+    return result
+
+
+def _run_child(variant: str, argv: list[str]) -> dict[str, dict[str, float]]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", variant, *argv],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{variant} probe failed (rc {out.returncode}):\n{out.stderr[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(asyncio.run(_measure(args.child, args))), flush=True)
+        return 0
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        for variant in VARIANTS:
+            res = _run_child(variant, argv)
+            runs[variant].append(res)
+            cells = "  ".join(f"{s}:{v['tpot_ms']:.1f}" for s, v in res.items())
+            print(f"round {r + 1} {variant:5s} TPOT ms by streams  {cells}", flush=True)
+    print("\nstreams  plain_ms  nixl_ms  nixl/plain")
+    for s in runs["plain"][0]:
+        plain = statistics.median(run[s]["tpot_ms"] for run in runs["plain"])
+        nixl = statistics.median(run[s]["tpot_ms"] for run in runs["nixl"])
+        print(f"{s:>7}  {plain:8.1f}  {nixl:7.1f}  {nixl / plain:10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
