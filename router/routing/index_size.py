@@ -11,10 +11,10 @@ block size 128). `block_size`: the *routing* block size (`routing.block_size`, 1
 since the index holds one hash per routing block, not per engine block. `replicas`: the
 replicas the index covers, at most the pool's `max_replicas` (autoscaling) or `replicas`.
 
-Worked figures (327 bytes per entry, `scripts/measure_prefix_index.py`): the default CPU
+Worked figures (323 bytes per entry, `scripts/measure_prefix_index.py`): the default CPU
 deployment (1 GiB of KV per engine on the tiny model = 524,288 tokens, 1 replica) gets 65,536
 entries, about 20 MiB; a GPU pool of 8 replicas with 458,752 tokens each (Llama-3-8B on an
-80 GB GPU at 0.9 utilisation) gets 458,752 entries, about 143 MiB.
+80 GB GPU at 0.9 utilisation) gets 458,752 entries, about 141 MiB.
 """
 
 from __future__ import annotations
