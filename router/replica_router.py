@@ -3,7 +3,7 @@
 Serve calls `choose_replicas` in the caller's process (the router replica) for every request sent
 through a pool's deployment handle. It builds the policy's plain inputs from what Serve already
 tracks: each replica's queue length (probed by Serve) and the stats the worker publishes through
-`record_routing_stats` (KV usage, running requests). The decision itself is the pure policy in
+`record_routing_stats` (KV usage, running requests, KV capacity). The decision itself is the pure policy in
 `splitserve.router.routing`; this class is only the adapter.
 
 Configured per pool deployment (see `splitserve.app.pool_deployment_options`):
@@ -24,6 +24,7 @@ from ray.serve.request_router import (
 
 from splitserve.config import RoutingConfig
 from splitserve.engine.messages import GenerateRequest, LoraOp
+from splitserve.router.routing.index_size import IndexSizer
 from splitserve.router.routing.policies import make_policy
 from splitserve.router.routing.state import ReplicaState, RoutingRequest, routing_request
 
@@ -31,10 +32,28 @@ from splitserve.router.routing.state import ReplicaState, RoutingRequest, routin
 class PolicyRequestRouter(FIFOMixin, RequestRouter):
     """Ranks a pool's replicas with one of splitserve's policies."""
 
-    def initialize_state(self, policy: str = "least_loaded", **routing: Any) -> None:
-        """Called once by Serve with `request_router_kwargs`."""
+    def initialize_state(
+        self, policy: str = "least_loaded", max_replicas: int | None = None, **routing: Any
+    ) -> None:
+        """Called once by Serve with `request_router_kwargs`: the policy name, the pool's most
+        replicas (caps the prefix index's bound) and the `RoutingConfig` fields."""
         self._cfg = RoutingConfig(**routing)
         self._policy = make_policy(policy, self._cfg)
+        self._sizer = IndexSizer(
+            self._cfg.index_max_blocks, block_size=self._cfg.block_size, max_replicas=max_replicas
+        )
+
+    def _fit_index(self) -> None:
+        """Resize the prefix index when the pool's reported KV capacity grew (index_size)."""
+        index = getattr(self._policy, "index", None)
+        if index is None:
+            return
+        bound = self._sizer.observe([
+            int((r.routing_stats or {}).get("kv_capacity_tokens", 0))
+            for r in self.curr_replicas.values()
+        ])
+        if bound is not None:
+            index.resize(bound)
 
     def _routing_request(self, pending: PendingRequest | None) -> RoutingRequest:
         req = pending.args[0] if pending is not None and pending.args else None
@@ -68,6 +87,7 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
                                           pending_request)
         if not candidate_replicas:
             return []
+        self._fit_index()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         request = self._routing_request(pending_request)
         ranked = self._policy.rank(request, [self._state(r) for r in candidate_replicas])

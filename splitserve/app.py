@@ -33,6 +33,14 @@ def deployment_name(cfg: SplitserveConfig, view: SplitserveConfig, role: str) ->
     return f"{role}-{slug}"
 
 
+def pool_max_replicas(cfg: SplitserveConfig, role: str) -> int:
+    """The most replicas pool `role` can have: `autoscaling.max_replicas` when the controller
+    sizes the pools, else the fixed `replicas` (pure)."""
+    if cfg.autoscaling is not None:
+        return cfg.autoscaling.max_replicas
+    return cfg.deployed_pools()[role].replicas
+
+
 def pool_deployment_options(
     cfg: SplitserveConfig, role: str, device: Device, *, name: str | None = None
 ) -> dict:
@@ -62,6 +70,7 @@ def pool_deployment_options(
             "request_router_class": "splitserve.router.replica_router.PolicyRequestRouter",
             "request_router_kwargs": {
                 "policy": getattr(cfg.router.routing, role),
+                "max_replicas": pool_max_replicas(cfg, role),
                 **cfg.router.routing.model_dump(),
             },
         },

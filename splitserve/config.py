@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -150,8 +151,12 @@ class RoutingConfig(_Strict):
     block_size: int = Field(
         16, ge=1, le=4096, description="Tokens per hashed block; best equal to the engine's."
     )
-    index_max_blocks: int = Field(
-        1 << 20, ge=1, description="LRU bound of the approximate prefix index (block hashes)."
+    index_max_blocks: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="LRU bound of each pool's approximate prefix index, in block hashes. auto: "
+        "2 x the pool's KV capacity as the engines report it (KV tokens per engine x replicas, "
+        "at most max_replicas, / block_size; `splitserve.router.routing.index_size`); an integer "
+        "sets it (about 330 bytes an entry).",
     )
     overlap_weight: float = Field(
         1.0, ge=0, description="Cost of one uncached block relative to one active decode block."
@@ -162,6 +167,14 @@ class RoutingConfig(_Strict):
     balance_min_gap: int = Field(
         8, ge=0, description="...and more than this many queued requests above the least one."
     )
+
+    @field_validator("index_max_blocks", mode="before")
+    @classmethod
+    def _auto_or_count(cls, v: Any) -> Any:
+        # One message instead of one per member of the union (and no True taken as 1).
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError("must be 'auto' or a whole number of blocks >= 1")
 
 
 class RouterConfig(_Strict):

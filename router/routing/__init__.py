@@ -5,10 +5,12 @@
     policy.record(replica, request.block_hashes)             # once it was sent there
 
 Modules: state (ReplicaState, RoutingRequest), block_hash (salted chained block hashes),
-prefix_index (approximate LRU index of blocks per replica), policies (the three policies).
+prefix_index (approximate LRU index of blocks per replica), index_size (the index's bound from
+the pools' KV capacity), policies (the three policies).
 """
 
 from splitserve.router.routing.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from splitserve.router.routing.index_size import auto_index_blocks, index_max_blocks
 from splitserve.router.routing.policies import (
     LeastLoaded,
     PrefixAware,
@@ -30,8 +32,10 @@ __all__ = [
     "RoundRobin",
     "RoutingPolicy",
     "RoutingRequest",
+    "auto_index_blocks",
     "block_hashes",
     "choose_replica",
+    "index_max_blocks",
     "make_policy",
     "pool_policies",
     "routing_request",

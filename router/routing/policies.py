@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from splitserve.config import RoutingConfig
+from splitserve.router.routing.index_size import index_max_blocks
 from splitserve.router.routing.prefix_index import DEFAULT_MAX_BLOCKS, PrefixIndex
 from splitserve.router.routing.state import ReplicaState, RoutingRequest
 
@@ -164,14 +165,21 @@ def choose_replica(
 
 
 def make_policy(name: str, cfg: RoutingConfig = RoutingConfig()) -> RoutingPolicy:
-    """A fresh policy by config name ("round_robin", "least_loaded", "prefix_aware")."""
+    """A fresh policy by config name ("round_robin", "least_loaded", "prefix_aware").
+
+    The prefix-aware policy's index starts at `cfg.index_max_blocks`, or with "auto" at the
+    bound for a capacity not yet known; its owner resizes it once the engines report theirs
+    (`index_size.index_max_blocks`, `PrefixIndex.resize`)."""
     if name == RoundRobin.name:
         return RoundRobin()
     if name == LeastLoaded.name:
         return LeastLoaded()
     if name == PrefixAware.name:
         return PrefixAware(
-            PrefixIndex(cfg.index_max_blocks),
+            PrefixIndex(index_max_blocks(
+                cfg.index_max_blocks, engine_kv_tokens=0, replicas=0, max_replicas=None,
+                block_size=cfg.block_size,
+            )),
             overlap_weight=cfg.overlap_weight,
             balance_factor=cfg.balance_factor,
             balance_min_gap=cfg.balance_min_gap,

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-# About 16 M tokens of prefixes at 16 tokens a block; a few hundred bytes per entry.
+# About 16 M tokens of prefixes at 16 tokens a block; about 330 bytes per entry. Deployments
+# size it from the pools' KV capacity instead (`index_size`, `routing.index_max_blocks: auto`).
 DEFAULT_MAX_BLOCKS = 1 << 20
 
 
@@ -37,6 +38,16 @@ class PrefixIndex:
                 holders = self._holders[h] = set()
             holders.add(replica_id)
             self._holders.move_to_end(h)
+        self._evict()
+
+    def resize(self, max_blocks: int) -> None:
+        """Set a new bound; a smaller one drops the least recently recorded entries now."""
+        if max_blocks < 1:
+            raise ValueError("max_blocks must be at least 1")
+        self.max_blocks = max_blocks
+        self._evict()
+
+    def _evict(self) -> None:
         while len(self._holders) > self.max_blocks:
             self._holders.popitem(last=False)
 

@@ -118,6 +118,13 @@ def kv_block_bytes(vllm_config) -> int:
     return per_token * cache.block_size
 
 
+def kv_capacity_tokens(vllm_config) -> int:
+    """The engine's KV cache in tokens: the blocks vLLM allocated (known once the engine has
+    started; on the CPU VLLM_CPU_KVCACHE_SPACE / bytes per block) x tokens per block."""
+    cache = vllm_config.cache_config
+    return int(cache.num_gpu_blocks or 0) * int(cache.block_size or 0)
+
+
 def _remote_blocks(params: dict[str, Any] | None) -> int:
     """Blocks a decode request pulls from its prefill worker (0 for a local prefill)."""
     if not params or not params.get("do_remote_prefill"):
@@ -163,6 +170,8 @@ class EngineHost:
         self._loaded_loras: list[int] = []  # vLLM's list as last read (routing stats)
         self.engine = self._build_engine(model_path)
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
+        self.kv_capacity_tokens = kv_capacity_tokens(self.engine.vllm_config)
+        log.info("%s: KV cache of %d tokens", self._holder, self.kv_capacity_tokens)
 
     def _build_engine(self, model_path: str):
         from vllm.config import KVTransferConfig
@@ -325,6 +334,7 @@ class EngineHost:
             num_unfinished=self.engine.get_num_unfinished_requests(),
         )
         return {"num_unfinished": s.num_unfinished, "kv_cache_usage": s.kv_cache_usage,
+                "kv_capacity_tokens": self.kv_capacity_tokens,
                 "loras": list(self._loaded_loras)}
 
     async def check_health(self) -> None:
@@ -342,6 +352,7 @@ class EngineHost:
             role=self.spec.role,
             replica=self._holder,
             num_unfinished=self.engine.get_num_unfinished_requests(),
+            kv_capacity_tokens=self.kv_capacity_tokens,
         )
 
     async def reset_prefix_cache(self) -> bool:

@@ -142,6 +142,9 @@ class EngineStats:
     kv_transfer_seconds: float = 0.0  # summed NIXL transfer durations (post to completion)
     kv_transfer_failures: int = 0
     kv_handoffs_expired: int = 0  # handoffs recomputed because their fetch deadline had passed
+    # The engine's whole KV cache in tokens (vLLM's num_gpu_blocks x block_size, fixed once it
+    # started; 0: unknown). The router sizes its prefix indexes from it (routing.index_size).
+    kv_capacity_tokens: int = 0
 
 
 class WorkerError(RuntimeError):

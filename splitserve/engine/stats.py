@@ -91,8 +91,10 @@ class LatestStats:
         connector reported none (local prefill, telemetry off, or not in yet)."""
         return self.requests.pop(request_id, None)
 
-    def snapshot(self, *, role: str, replica: str, num_unfinished: int) -> EngineStats:
-        """An `EngineStats` from the latest step."""
+    def snapshot(
+        self, *, role: str, replica: str, num_unfinished: int, kv_capacity_tokens: int = 0
+    ) -> EngineStats:
+        """An `EngineStats` from the latest step (`kv_capacity_tokens`: the host's figure)."""
         s = self.scheduler
         return EngineStats(
             role=role,
@@ -108,4 +110,5 @@ class LatestStats:
             kv_transfer_seconds=self.kv_seconds,
             kv_transfer_failures=self.kv_failures,
             kv_handoffs_expired=self.kv_handoffs_expired,
+            kv_capacity_tokens=kv_capacity_tokens,
         )

@@ -2,7 +2,8 @@
 
 Requests sharing a long prefix must land on the replica that already holds it (read from the
 `x-splitserve-replica` header and the engine's cached-token count), while an unrelated prompt
-may go to either.
+may go to either. Each engine reports its KV capacity, which bounds the router's prefix index
+(`index_max_blocks: auto`).
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+import ray
 
+from splitserve.models import tiny
 from tests.conftest import running_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def deployment():
-    cfg = test_config(
+def config():
+    return test_config(
         **{
             "mode": "colocated",
             "pools.decode.replicas": 2,
@@ -26,7 +29,11 @@ def deployment():
             "router.routing.block_size": 128,  # the CPU engine's KV block size
         }
     )
-    with running_deployment(cfg) as base:
+
+
+@pytest.fixture(scope="module")
+def deployment(config):
+    with running_deployment(config) as base:
         yield base
 
 
@@ -57,3 +64,17 @@ def test_both_replicas_serve(deployment):
     rng = np.random.default_rng(9)
     seen = {_send(deployment, rng.integers(10, 500, 300).tolist())[0] for _ in range(12)}
     assert len(seen) == 2
+
+
+def test_engines_report_their_kv_capacity(deployment, config):
+    """What the router sizes its prefix index from: each engine's KV cache in tokens, on the
+    CPU VLLM_CPU_KVCACHE_SPACE over the tiny model's bytes per token (float32 K and V)."""
+    per_token = 2 * tiny.LAYERS * tiny.KV_HEADS * tiny.HEAD_DIM * 4
+    expected = config.pools.decode.kv_cache_gib * (1 << 30) // per_token
+    names = [e["name"] for e in ray.util.list_named_actors(all_namespaces=True)
+             if e["name"].startswith("SERVE_REPLICA::splitserve#decode#")]
+    assert len(names) == 2
+    for name in names:
+        actor = ray.get_actor(name, namespace="serve")
+        stats = ray.get(actor.record_routing_stats.remote(), timeout=30)
+        assert stats["kv_capacity_tokens"] == expected == 524_288

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.app import pool_deployment_options, resolve_device
+from splitserve.app import pool_deployment_options, pool_max_replicas, resolve_device
 from splitserve.config import parse_config
 
 
@@ -51,3 +51,14 @@ def test_colocated_has_no_prefill_pool() -> None:
     assert pool_deployment_options(cfg, "decode", "cpu")["num_replicas"] == 3
     with pytest.raises(KeyError):
         pool_deployment_options(cfg, "prefill", "cpu")
+
+
+def test_request_router_gets_the_pools_max_replicas() -> None:
+    fixed = _cfg("disaggregated")
+    kwargs = {role: pool_deployment_options(fixed, role, "cpu")["request_router_config"]
+              ["request_router_kwargs"] for role in ("prefill", "decode")}
+    assert kwargs["prefill"]["max_replicas"] == pool_max_replicas(fixed, "prefill") == 2
+    assert kwargs["decode"]["max_replicas"] == 3
+    assert kwargs["decode"]["index_max_blocks"] == "auto"
+    scaled = fixed.with_overrides(**{"autoscaling.max_replicas": 5})
+    assert pool_max_replicas(scaled, "prefill") == pool_max_replicas(scaled, "decode") == 5

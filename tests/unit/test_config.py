@@ -77,6 +77,22 @@ def test_out_of_range_values_named(doc: dict, key: str) -> None:
         parse_config(doc)
 
 
+def test_index_bound_is_auto_by_default_and_an_integer_overrides_it() -> None:
+    assert load_config(None).router.routing.index_max_blocks == "auto"
+    cfg = parse_config({"router": {"routing": {"index_max_blocks": 50000}}})
+    assert cfg.router.routing.index_max_blocks == 50000
+
+
+@pytest.mark.parametrize("bad", [0, -5, "Auto", "lots", 1.5, True, None])
+def test_bad_index_bound_gets_one_message(bad) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"router": {"routing": {"index_max_blocks": bad}}})
+    assert str(exc.value) == (
+        "invalid config <dict>:\n  router.routing.index_max_blocks: Value error, must be 'auto' "
+        f"or a whole number of blocks >= 1 (got {bad!r})"
+    )
+
+
 def test_duplicate_tenant_names_rejected() -> None:
     with pytest.raises(ConfigError, match=r"duplicate tenant names in \['a', 'b', 'a'\]"):
         parse_config({"tenants": [{"name": "a"}, {"name": "b"}, {"name": "a"}]})

@@ -34,3 +34,22 @@ def test_fresh_snapshot_has_no_transfers():
     snap = LatestStats().snapshot(role="prefill", replica="r1", num_unfinished=2)
     assert (snap.kv_transfers, snap.kv_bytes_received, snap.kv_transfer_seconds) == (0, 0, 0.0)
     assert (snap.role, snap.replica, snap.num_unfinished) == ("prefill", "r1", 2)
+
+
+def test_snapshot_carries_the_engines_kv_capacity():
+    from types import SimpleNamespace
+
+    from splitserve.engine.host import kv_capacity_tokens
+
+    assert LatestStats().snapshot(role="decode", replica="r", num_unfinished=0) \
+        .kv_capacity_tokens == 0  # unknown
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=4096,
+                                                               block_size=128))
+    tokens = kv_capacity_tokens(vllm_config)
+    assert tokens == 524_288
+    snap = LatestStats().snapshot(role="decode", replica="r", num_unfinished=0,
+                                  kv_capacity_tokens=tokens)
+    assert snap.kv_capacity_tokens == 524_288
+    # before the engine has allocated its cache vLLM leaves num_gpu_blocks unset
+    unset = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=None, block_size=128))
+    assert kv_capacity_tokens(unset) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from splitserve.config import RoutingConfig
+from splitserve.router.routing.index_size import UNKNOWN_CAPACITY_MAX_BLOCKS
 from splitserve.router.routing.policies import (
     LeastLoaded,
     PrefixAware,
@@ -117,6 +118,8 @@ def test_make_policy_from_config() -> None:
     assert policies["prefill"].index.max_blocks == 7 and policies["prefill"].balance_factor == 3.0
     assert isinstance(policies["decode"], LeastLoaded)
     assert isinstance(make_policy("round_robin"), RoundRobin)
+    # auto: the bound for an unknown capacity until the engines report theirs
+    assert make_policy("prefix_aware").index.max_blocks == UNKNOWN_CAPACITY_MAX_BLOCKS
     with pytest.raises(ValueError, match="unknown routing policy"):
         make_policy("random")
 

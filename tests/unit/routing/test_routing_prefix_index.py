@@ -54,3 +54,19 @@ def test_forget_replica() -> None:
 def test_bound_must_be_positive() -> None:
     with pytest.raises(ValueError):
         PrefixIndex(0)
+
+
+def test_resize_evicts_least_recently_recorded_down_to_the_new_bound() -> None:
+    index = PrefixIndex(max_blocks=10)
+    index.record("r1", [1, 2, 3, 4])
+    index.record("r2", [1])  # 1 is now the most recently recorded
+    index.resize(2)
+    assert len(index) == 2 and index.max_blocks == 2
+    assert index.matched_blocks([4], ["r1"]) == {"r1": 1}
+    assert index.matched_blocks([1], ["r1", "r2"]) == {"r1": 1, "r2": 1}
+    assert index.matched_blocks([2], ["r1"]) == {"r1": 0}
+    index.resize(5)  # growing keeps everything
+    index.record("r1", [7, 8])
+    assert len(index) == 4
+    with pytest.raises(ValueError):
+        index.resize(0)

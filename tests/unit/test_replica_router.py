@@ -1,0 +1,78 @@
+"""PolicyRequestRouter's prefix index bound: from the config's request-router kwargs and the
+replicas' reported KV capacity (`router/replica_router.py`, `routing/index_size.py`). No Ray:
+the router is built without Serve's constructor and given fake running replicas."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import namedtuple
+from types import SimpleNamespace
+
+from splitserve.app import pool_deployment_options
+from splitserve.config import parse_config
+from splitserve.router.replica_router import PolicyRequestRouter
+from splitserve.router.routing.index_size import UNKNOWN_CAPACITY_MAX_BLOCKS
+
+CPU_KV_TOKENS = 524_288
+ReplicaId = namedtuple("ReplicaId", "unique_id")  # hashable, like Serve's ReplicaID
+
+
+def _router(routing: dict, replicas: int = 2, autoscaling: dict | None = None):
+    cfg = parse_config({"mode": "colocated", "pools": {"decode": {"replicas": replicas}},
+                        "router": {"routing": routing}, "autoscaling": autoscaling})
+    kwargs = pool_deployment_options(cfg, "decode", "cpu")["request_router_config"][
+        "request_router_kwargs"]
+    router = PolicyRequestRouter.__new__(PolicyRequestRouter)  # Serve's __init__ needs a cluster
+    router._replicas = {}
+    router._replica_queue_len_cache = {}
+    router.initialize_state(**kwargs)
+    return router
+
+
+def _replica(rid: str, kv_tokens: int | None):
+    stats = {} if kv_tokens is None else {"kv_capacity_tokens": kv_tokens, "num_unfinished": 0}
+    return SimpleNamespace(replica_id=ReplicaId(rid), routing_stats=stats)
+
+
+def _set_replicas(router, *replicas) -> None:
+    router._replicas = {r.replica_id.unique_id: r for r in replicas}
+
+
+def test_auto_bound_follows_the_reported_capacity() -> None:
+    router = _router({"decode": "prefix_aware"})
+    index = router._policy.index
+    assert index.max_blocks == UNKNOWN_CAPACITY_MAX_BLOCKS
+    _set_replicas(router, _replica("a", None), _replica("b", None))
+    asyncio.run(router.choose_replicas(list(router._replicas.values())))
+    assert index.max_blocks == UNKNOWN_CAPACITY_MAX_BLOCKS  # nobody reported yet
+    _set_replicas(router, _replica("a", CPU_KV_TOKENS), _replica("b", None))
+    asyncio.run(router.choose_replicas(list(router._replicas.values())))
+    assert index.max_blocks == 2 * 2 * CPU_KV_TOKENS // 16  # 2 replicas x slack 2
+
+
+def test_the_pools_max_replicas_caps_the_bound() -> None:
+    router = _router({"decode": "prefix_aware"}, replicas=1)
+    _set_replicas(router, *(_replica(f"r{i}", CPU_KV_TOKENS) for i in range(3)))
+    router._fit_index()
+    assert router._policy.index.max_blocks == 2 * CPU_KV_TOKENS // 16  # max_replicas = 1
+
+
+def test_autoscaling_max_replicas_caps_the_bound() -> None:
+    router = _router({"decode": "prefix_aware"}, autoscaling={"max_replicas": 2})
+    _set_replicas(router, *(_replica(f"r{i}", CPU_KV_TOKENS) for i in range(3)))
+    router._fit_index()
+    assert router._policy.index.max_blocks == 2 * 2 * CPU_KV_TOKENS // 16
+
+
+def test_an_explicit_bound_is_kept() -> None:
+    router = _router({"decode": "prefix_aware", "index_max_blocks": 4096})
+    _set_replicas(router, _replica("a", CPU_KV_TOKENS))
+    router._fit_index()
+    assert router._policy.index.max_blocks == 4096
+
+
+def test_policies_without_an_index_ignore_capacity() -> None:
+    router = _router({"decode": "least_loaded"})
+    _set_replicas(router, _replica("a", CPU_KV_TOKENS))
+    router._fit_index()  # nothing to resize, no error
+    assert not hasattr(router._policy, "index")
