@@ -18,9 +18,9 @@ vLLM's NIXL connector measures every transfer it completes (NIXL's `nixlXferTele
   `xfer_stats.data[REQUEST_FAILURES]`; the model runner collects the stats right after;
 - `NixlKVConnectorStats.reset` gives every stats object both keys, `aggregate` adds them when
   only the other object has them (it indexes `self.data[k]` for each of the other's keys, in the
-  engine and in the front-end process), and `is_empty` is false while a failure is listed (a
-  handshake failure is counted in vLLM's own keys a step or more before the request is failed:
-  the step that names the request may otherwise look empty and be dropped).
+  engine and in the front-end process), and `is_empty` is false while a failure is listed (vLLM
+  counts a failed handshake once, from a background thread, for all the requests waiting on it,
+  and fails those requests in a later step: that step may otherwise look empty and be dropped).
 
 The stock keys are untouched, so vLLM's own metrics and logs do not change. The entries reach
 `LatestStats.add_connector_stats` in the front-end process like the rest of the connector stats
