@@ -232,6 +232,8 @@ def test_undisturbed_prompts_pull_their_kv(deployment):
     _assert_parity(outputs, prompts)
     assert after.kv_transfers - before.kv_transfers >= len(prompts)
     assert after.kv_transfer_failures == before.kv_transfer_failures
+    for reason in (KV_TRANSFER_ERROR, KV_EXPIRED):  # the module's first requests: none yet
+        assert _metric(deployment, "splitserve_kv_recomputes_total", reason=reason) == 0
     _assert_nothing_left()
 
 
