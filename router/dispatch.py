@@ -254,6 +254,8 @@ class Dispatcher:
                     self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)
                 if chunk.kv_transfer_s is not None:
                     self.metrics.kv_transfer_duration.observe(chunk.kv_transfer_s)
+                if chunk.kv_recomputed is not None:
+                    self.metrics.kv_recomputes.labels(reason=chunk.kv_recomputed).inc()
                 if chunk.token_ids and first is None:
                     first, first_ns = time.perf_counter(), time.time_ns()
                     hop.add_event(FIRST_TOKEN, timestamp=first_ns)

@@ -6,7 +6,8 @@ histograms); where vLLM has the same figure (`vllm:time_to_first_token_seconds`,
 the same, measured at the router. docs/observability.md lists every metric.
 
 Label values are bounded: `tenant` is a configured tenant name (or `default` / `unauthenticated`,
-never client input), `pool` is `prefill` or `decode`, `outcome` one of `OUTCOMES`.
+never client input), `pool` is `prefill` or `decode`, `outcome` one of `OUTCOMES`, a KV
+recompute's `reason` one of `engine.messages`' KV_TRANSFER_ERROR, KV_EXPIRED.
 """
 
 from __future__ import annotations
@@ -114,6 +115,14 @@ class RouterMetrics:
             "Per remote-prefill request: how long its KV pull over NIXL took, as the decode "
             "worker's connector measured it (post to completion).",
             buckets=(0.0005, 0.001, 0.0025) + _LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.kv_recomputes = Counter(
+            "splitserve_kv_recomputes",
+            "Remote-prefill requests whose KV the decode worker recomputed instead of pulling, "
+            "by reason: transfer_error (the NIXL pull failed: transfer error, failed handshake, "
+            "peer gone) or expired (the handoff's fetch deadline passed first).",
+            ["reason"],
             registry=r,
         )
         self.disagg_reasons = Counter(

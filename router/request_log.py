@@ -40,7 +40,7 @@ log = logging.getLogger("splitserve.requests")
 REQUEST_FIELDS = (
     "trace_id", "request_id", "endpoint", "tenant", "stream", "status", "outcome", "error",
     "prompt_tokens", "cached_tokens", "output_tokens", "max_tokens", "finish_reason", "replica",
-    "ttft_s", "e2e_s",
+    "kv_recomputed", "ttft_s", "e2e_s",
 )
 # The status of a request whose client left before the handler answered (nginx's convention).
 CLIENT_CLOSED = 499
@@ -135,6 +135,8 @@ class RequestObserver(RequestEnd):
         if chunk.finish_reason is not None:
             f["finish_reason"] = chunk.finish_reason
             f["cached_tokens"] = chunk.num_cached_tokens
+        if chunk.kv_recomputed is not None:  # the handoff's KV was not pulled (why)
+            f["kv_recomputed"] = chunk.kv_recomputed
 
     def answered(self, status: int, error: BaseException | None = None) -> None:
         """The handler is done: `status` sent (or `error` raised). Call exactly once."""

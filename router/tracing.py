@@ -19,7 +19,10 @@ One trace per request; span names and attributes (GenAI semantic conventions whe
           │                                            output tokens
           └─ splitserve.kv_transfer                    the KV pull the decode worker's NIXL
                                                        connector measured: bytes, blocks,
-                                                       backend, duration_s (see `kv_transfer`)
+                                                       backend, duration_s (see `kv_transfer`);
+                                                       a pull that failed or a handoff that
+                                                       expired: status ERROR, event
+                                                       kv_transfer.failed, kv.recomputed
 
 The root span ends when the response is over: for a streamed response when its chunk stream is
 closed (last event sent, client gone, or the response dropped), not when the handler returns.
@@ -64,6 +67,7 @@ PREFILL_ATTEMPT = "splitserve.prefill.attempt"
 DECODE = "splitserve.decode"
 KV_TRANSFER = "splitserve.kv_transfer"
 FIRST_TOKEN = "first_token"  # event on the decode span
+KV_FAILED = "kv_transfer.failed"  # event on the kv_transfer span: attribute `reason`
 
 # Attribute names: OTel semantic conventions (HTTP, GenAI, error) ...
 HTTP_METHOD = "http.request.method"
@@ -98,6 +102,7 @@ KV_BYTES = "splitserve.kv_transfer.bytes"
 KV_BLOCKS = "splitserve.kv_transfer.blocks"
 KV_BACKEND = "splitserve.kv_transfer.backend"
 KV_SECONDS = "splitserve.kv_transfer.duration_s"  # measured by the connector (post to completion)
+KV_RECOMPUTED = "splitserve.kv.recomputed"  # the decode engine recomputed the handoff's prompt
 CACHED_TOKENS = "splitserve.cached_tokens"
 TTFT = "splitserve.time_to_first_token_s"
 
@@ -199,24 +204,37 @@ class Tracing:
         *, end_ns: int | None,
     ) -> None:
         """A `splitserve.kv_transfer` child of the decode `hop`, when its worker reported a
-        measured transfer on its `last` chunk. `params`: the decode request's handoff.
+        measured transfer or a recomputed handoff on its `last` chunk. `params`: the decode
+        request's handoff.
 
         The duration is the connector's measurement (NIXL telemetry, post to completion, the
         longest of the request's transfers); the placement is an approximation: the span ends
         at `end_ns`, when the hop's first chunk reached the router (None: now), a little after
         the transfer really ended (the first token's forward pass and the trip back lie between).
+        A handoff the engine recomputed (`last.kv_recomputed`: the pull failed, or the handoff
+        expired before the engine saw it) gives a failed span (status ERROR, `error.type` and a
+        `kv_transfer.failed` event with the reason, `splitserve.kv.recomputed`), of zero length
+        unless some transfer of the request was measured.
         """
-        if not hop.is_recording() or last is None or last.kv_transfer_s is None:
+        if not hop.is_recording() or last is None:
+            return
+        if last.kv_transfer_s is None and last.kv_recomputed is None:
             return
         end_ns = time.time_ns() if end_ns is None else end_ns
         span = self.tracer.start_span(  # type: ignore[union-attr] - recording: tracer is set
             KV_TRANSFER, context=trace.set_span_in_context(hop),
-            start_time=end_ns - round(last.kv_transfer_s * 1e9),
+            start_time=end_ns - round((last.kv_transfer_s or 0.0) * 1e9),
         )
         span.set_attributes({
             KV_BYTES: last.kv_bytes, KV_BLOCKS: handoff_blocks(params), KV_BACKEND: "nixl",
-            KV_SECONDS: last.kv_transfer_s,
         })
+        if last.kv_transfer_s is not None:
+            span.set_attribute(KV_SECONDS, last.kv_transfer_s)
+        if last.kv_recomputed is not None:
+            reason = last.kv_recomputed
+            span.add_event(KV_FAILED, {"reason": reason}, timestamp=end_ns)
+            span.set_attributes({KV_RECOMPUTED: True, ERROR_TYPE: reason})
+            span.set_status(Status(StatusCode.ERROR, f"KV not pulled ({reason}); recomputed"))
         span.end(end_time=end_ns)
 
     def request(

@@ -31,8 +31,9 @@ from splitserve.engine.messages import (
     Sampling,
     TokenLogprob,
     WorkerError,
+    kv_recompute_reason,
 )
-from splitserve.engine.stats import LatestStats
+from splitserve.engine.stats import LatestStats, RequestTransfer
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.models import resolve_model_path
@@ -229,6 +230,7 @@ class EngineHost:
                     logprobs = token_logprobs(comp.token_ids, comp.logprobs, req.sampling.logprobs)
                 done = out.finished
                 measured = self._stats.pop_request_transfer(req.request_id) if done else None
+                recomputed = self._recomputed(req, expired, measured) if done else None
                 yield GenerateChunk(
                     token_ids=tuple(comp.token_ids),
                     text=comp.text,
@@ -237,7 +239,8 @@ class EngineHost:
                     num_cached_tokens=out.num_cached_tokens or 0,
                     replica=self._holder,
                     kv_bytes=(measured.bytes if measured else pulled) if done else 0,
-                    kv_transfer_s=measured.seconds if measured else None,
+                    kv_transfer_s=measured.seconds if measured and measured.transfers else None,
+                    kv_recomputed=recomputed,
                     kv_transfer_params=out.kv_transfer_params if done else None,
                     logprobs=logprobs,
                 )
@@ -255,6 +258,17 @@ class EngineHost:
             raise WorkerError(self.replica_id, f"{type(err).__name__}: {err}") from None
         finally:  # an aborted or failed request's measurement is of no use to anyone
             self._stats.pop_request_transfer(req.request_id)
+
+    def _recomputed(
+        self, req: GenerateRequest, expired: bool, measured: RequestTransfer | None
+    ) -> str | None:
+        """Why `req`'s handoff was recomputed instead of pulled (None: it was not), logged."""
+        reason = kv_recompute_reason(
+            expired=expired, load_failed=measured is not None and measured.failed
+        )
+        if reason is not None and not expired:  # an expired handoff was logged when it came in
+            log.warning("%s: KV pull of %s failed; recomputed", self._holder, req.request_id)
+        return reason
 
     async def _inject_faults(self, req: GenerateRequest) -> None:
         """Tests only (`faults` config): slow or fail this request before the engine sees it."""

@@ -1,4 +1,5 @@
-"""Per-request NIXL transfer telemetry: which request each measured KV transfer belonged to.
+"""Per-request NIXL transfer telemetry: which request each measured KV transfer belonged to, and
+which requests' KV loads failed.
 
 vLLM's NIXL connector measures every transfer it completes (NIXL's `nixlXferTelemetry`:
 `xferDuration` in microseconds from post to completion, `totalBytes`) and adds it to its per-step
@@ -10,9 +11,16 @@ vLLM's NIXL connector measures every transfer it completes (NIXL's `nixlXferTele
 - the worker's NIXL agent gets an instance-level `get_xfer_telemetry(handle)` that, besides
   returning the telemetry as before, appends `[req_id, seconds, bytes]` to
   `xfer_stats.data[REQUEST_TRANSFERS]`;
-- `NixlKVConnectorStats.reset` gives every stats object that key, and `aggregate` adds it when
-  only the other object has it (it indexes `self.data[k]` for each of the other's keys, in the
-  engine and in the front-end process).
+- `NixlBaseConnectorWorker.get_transfer_results()` (called by the model runner each step) is
+  wrapped to append the id of every request whose KV load failed this step (its result's
+  `failed_recving`: a transfer error, a failed handshake with a gone or unknown peer, an invalid
+  peer; vLLM then recomputes the prompt, `kv_load_failure_policy: recompute`) to
+  `xfer_stats.data[REQUEST_FAILURES]`; the model runner collects the stats right after;
+- `NixlKVConnectorStats.reset` gives every stats object both keys, `aggregate` adds them when
+  only the other object has them (it indexes `self.data[k]` for each of the other's keys, in the
+  engine and in the front-end process), and `is_empty` is false while a failure is listed (vLLM
+  counts a failed handshake once, from a background thread, for all the requests waiting on it,
+  and fails those requests in a later step: that step may otherwise look empty and be dropped).
 
 The stock keys are untouched, so vLLM's own metrics and logs do not change. The entries reach
 `LatestStats.add_connector_stats` in the front-end process like the rest of the connector stats
@@ -34,6 +42,9 @@ log = logging.getLogger("splitserve.engine")
 
 # The key the entries go under in `NixlKVConnectorStats.data`: [[req_id, seconds, bytes], ...].
 REQUEST_TRANSFERS = "splitserve_request_transfers"
+# ... and the requests whose KV load failed (vLLM recomputes them): [req_id, ...].
+REQUEST_FAILURES = "splitserve_request_failures"
+_KEYS = (REQUEST_TRANSFERS, REQUEST_FAILURES)
 # vLLM's internal request id: the external id + "-" + this many random characters.
 _ID_SUFFIX = 8
 _MARK = "_splitserve_kv_telemetry"
@@ -82,11 +93,26 @@ def _wrap_pop_done(real: Any) -> Any:
     return _pop_done_transfers
 
 
+def _wrap_transfer_results(real: Any) -> Any:
+    @functools.wraps(real)
+    def get_transfer_results(self: Any, *args: Any, **kw: Any) -> Any:
+        results = real(self, *args, **kw)
+        failed = getattr(results, "failed_recving", None)
+        if failed:
+            entries = self.xfer_stats.data.setdefault(REQUEST_FAILURES, [])
+            entries.extend(str(req_id) for req_id in sorted(failed))
+        return results
+
+    get_transfer_results.splitserve_patched = True  # type: ignore[attr-defined]
+    return get_transfer_results
+
+
 def _wrap_reset(real: Any) -> Any:
     @functools.wraps(real)
     def reset(self: Any) -> None:
         real(self)
-        self.data[REQUEST_TRANSFERS] = []
+        for key in _KEYS:
+            self.data[key] = []
 
     reset.splitserve_patched = True  # type: ignore[attr-defined]
     return reset
@@ -95,19 +121,31 @@ def _wrap_reset(real: Any) -> Any:
 def _wrap_aggregate(real: Any) -> Any:
     @functools.wraps(real)
     def aggregate(self: Any, other: Any) -> Any:
-        # A stats object built from another process's data may lack the key.
-        if REQUEST_TRANSFERS in getattr(other, "data", {}):
-            self.data.setdefault(REQUEST_TRANSFERS, [])
+        # A stats object built from another process's data may lack the keys.
+        for key in _KEYS:
+            if key in getattr(other, "data", {}):
+                self.data.setdefault(key, [])
         return real(self, other)
 
     aggregate.splitserve_patched = True  # type: ignore[attr-defined]
     return aggregate
 
 
+def _wrap_is_empty(real: Any) -> Any:
+    @functools.wraps(real)
+    def is_empty(self: Any) -> bool:
+        return real(self) and not self.data.get(REQUEST_FAILURES)
+
+    is_empty.splitserve_patched = True  # type: ignore[attr-defined]
+    return is_empty
+
+
 def patch(worker_cls: Any, stats_cls: Any) -> None:
     """Install the attribution on these classes (idempotent)."""
     wraps = ((worker_cls, "_pop_done_transfers", _wrap_pop_done),
-             (stats_cls, "reset", _wrap_reset), (stats_cls, "aggregate", _wrap_aggregate))
+             (worker_cls, "get_transfer_results", _wrap_transfer_results),
+             (stats_cls, "reset", _wrap_reset), (stats_cls, "aggregate", _wrap_aggregate),
+             (stats_cls, "is_empty", _wrap_is_empty))
     for cls, name, wrap in wraps:
         if not callable(getattr(cls, name)):
             raise TypeError(f"{cls.__name__}.{name} is not a method")

@@ -101,6 +101,20 @@ class TokenLogprob:
     top: tuple[tuple[str, float], ...] = ()
 
 
+# Why a decode engine recomputed a handoff's prompt instead of pulling its KV
+# (`GenerateChunk.kv_recomputed`): the pull failed (transfer error, failed handshake, peer gone),
+# or the handoff's fetch deadline had passed before the engine saw it.
+KV_TRANSFER_ERROR = "transfer_error"
+KV_EXPIRED = "expired"
+
+
+def kv_recompute_reason(*, expired: bool, load_failed: bool) -> str | None:
+    """Why a remote-prefill request's KV was recomputed on decode (None: it was not)."""
+    if expired:
+        return KV_EXPIRED
+    return KV_TRANSFER_ERROR if load_failed else None
+
+
 @dataclass(frozen=True)
 class GenerateChunk:
     """What a worker yields per engine step: the new tokens and text since the last chunk.
@@ -121,6 +135,9 @@ class GenerateChunk:
     # connector's measured transfer time (None: not measured).
     kv_bytes: int = 0
     kv_transfer_s: float | None = None
+    # Last chunk: why the handoff's KV was recomputed instead of pulled (`KV_TRANSFER_ERROR`,
+    # `KV_EXPIRED`); None when it was pulled, or without a handoff.
+    kv_recomputed: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id (when asked for)
     index: int = 0  # the choice this chunk belongs to (requests with n > 1)
 

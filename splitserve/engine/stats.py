@@ -6,7 +6,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from splitserve.engine.kv_telemetry import REQUEST_TRANSFERS, external_request_id
+from splitserve.engine.kv_telemetry import (
+    REQUEST_FAILURES,
+    REQUEST_TRANSFERS,
+    external_request_id,
+)
 from splitserve.engine.messages import EngineStats
 
 # Requests whose measured KV transfer is kept until their host collects it. A request's entry is
@@ -17,11 +21,13 @@ MAX_REQUEST_TRANSFERS = 4096
 
 @dataclass
 class RequestTransfer:
-    """The measured KV transfer(s) of one request (one per remote rank, running concurrently)."""
+    """The measured KV transfer(s) of one request (one per remote rank, running concurrently),
+    and whether its KV load failed (the engine recomputed the prompt)."""
 
     seconds: float = 0.0  # the longest transfer's post-to-completion time
     bytes: int = 0  # summed over its transfers
     transfers: int = 0
+    failed: bool = False
 
 
 class LatestStats:
@@ -74,21 +80,25 @@ class LatestStats:
         for key in ("num_failed_transfers", "num_failed_handshakes", "num_kv_expired_reqs"):
             self.kv_failures += len(stats.get(key, ()))
         for req_id, seconds, n_bytes in stats.get(REQUEST_TRANSFERS, ()):
-            self._add_request_transfer(external_request_id(req_id), float(seconds), int(n_bytes))
+            entry = self._request(external_request_id(req_id))
+            entry.seconds = max(entry.seconds, float(seconds))
+            entry.bytes += int(n_bytes)
+            entry.transfers += 1
+        for req_id in stats.get(REQUEST_FAILURES, ()):
+            self._request(external_request_id(req_id)).failed = True
 
-    def _add_request_transfer(self, request_id: str, seconds: float, n_bytes: int) -> None:
+    def _request(self, request_id: str) -> RequestTransfer:
         entry = self.requests.get(request_id)
         if entry is None:
             entry = self.requests[request_id] = RequestTransfer()
             while len(self.requests) > MAX_REQUEST_TRANSFERS:
                 self.requests.popitem(last=False)
-        entry.seconds = max(entry.seconds, seconds)
-        entry.bytes += n_bytes
-        entry.transfers += 1
+        return entry
 
     def pop_request_transfer(self, request_id: str) -> RequestTransfer | None:
         """The measured KV transfer of `request_id` (the caller's id), once; None when the
-        connector reported none (local prefill, telemetry off, or not in yet)."""
+        connector reported neither a transfer nor a failed load (local prefill, telemetry off,
+        or not in yet)."""
         return self.requests.pop(request_id, None)
 
     def snapshot(

@@ -16,7 +16,9 @@ spare, and knows in advance how many requests each fault reaches:
 
 In each, all 32 streams finish within their deadline with the greedy token ids of an undisturbed
 run (the decode engine's own prefill, `direct_greedy`), and afterwards no replica of either pool
-holds a request or a KV block.
+holds a request or a KV block. The router traces every request to a JSON-lines file
+(`tracing.file`): each recomputed handoff must show in its own request's trace as a failed
+`splitserve.kv_transfer` span and in `splitserve_kv_recomputes_total{reason}`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from ray import serve
 
 from splitserve.config import FaultsConfig
 from splitserve.engine.faults import kv_load_delay_s, kv_load_fails, prefill_fails
+from splitserve.engine.messages import KV_EXPIRED, KV_TRANSFER_ERROR
+from splitserve.router import tracing as tr
+from splitserve.router.span_file import read_spans
 from tests.conftest import (
     direct_greedy,
     running_deployment,
@@ -60,7 +65,13 @@ FAULTS = FaultsConfig(
 
 
 @pytest.fixture(scope="module")
-def deployment():
+def span_file(tmp_path_factory) -> str:
+    """The file the router writes its spans to."""
+    return str(tmp_path_factory.mktemp("trace") / "spans.jsonl")
+
+
+@pytest.fixture(scope="module")
+def deployment(span_file):
     cfg = test_config(
         **{
             "mode": "disaggregated",
@@ -72,6 +83,8 @@ def deployment():
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,
             "faults": FAULTS.model_dump(),
+            "tracing.enabled": True,
+            "tracing.file": span_file,
         }
     )
     with running_deployment(cfg) as base:
@@ -111,6 +124,26 @@ def _metric(base: str, name: str, **labels: str) -> float:
         if line.startswith(key + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def _recomputed_prompt_lengths(path: str, since: int, reason: str) -> list[int]:
+    """Prompt lengths of the requests (in the spans after the first `since`) whose trace holds a
+    failed `splitserve.kv_transfer` span for `reason`; each such request succeeded (root span)."""
+    deadline = time.monotonic() + 10  # a root span is written when its stream closes
+    while True:
+        spans = read_spans(path)[since:]
+        roots = {s["trace_id"]: s for s in spans if s["parent_id"] is None}
+        failed = [s for s in spans
+                  if s["name"] == tr.KV_TRANSFER and s["attributes"].get(tr.KV_RECOMPUTED)]
+        if all(kv["trace_id"] in roots for kv in failed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for kv in failed:
+        assert kv["status"] == "ERROR" and kv["attributes"][tr.ERROR_TYPE] == reason, kv
+        assert [(e["name"], e["attributes"]) for e in kv["events"]] == [
+            (tr.KV_FAILED, {"reason": reason})]
+        assert roots[kv["trace_id"]]["attributes"][tr.HTTP_STATUS] == 200
+    return sorted(roots[kv["trace_id"]]["attributes"][tr.GENAI_INPUT_TOKENS] for kv in failed)
 
 
 def _decode_stats():
@@ -199,6 +232,8 @@ def test_undisturbed_prompts_pull_their_kv(deployment):
     _assert_parity(outputs, prompts)
     assert after.kv_transfers - before.kv_transfers >= len(prompts)
     assert after.kv_transfer_failures == before.kv_transfer_failures
+    for reason in (KV_TRANSFER_ERROR, KV_EXPIRED):  # the module's first requests: none yet
+        assert _metric(deployment, "splitserve_kv_recomputes_total", reason=reason) == 0
     _assert_nothing_left()
 
 
@@ -226,12 +261,14 @@ def test_killing_a_prefill_replica_mid_load(deployment):
     _assert_nothing_left()
 
 
-def test_twenty_percent_of_kv_loads_fail(deployment):
+def test_twenty_percent_of_kv_loads_fail(deployment, span_file):
     prompts = _prompts(3, STREAMS, prefill_error=False, kv_delay=False)
     n_failed = sum(kv_load_fails(FAULTS, ids) for ids in prompts)
     assert 3 <= n_failed <= 12, n_failed  # about 20 % of the 32 (fixed by the seed)
     before = _decode_stats()
     fallbacks = _metric(deployment, "splitserve_prefill_fallbacks_total")
+    recomputes = _metric(deployment, "splitserve_kv_recomputes_total", reason=KV_TRANSFER_ERROR)
+    spans = len(read_spans(span_file))
     outputs = _run_streams(deployment, prompts)
     after = _decode_stats()
     _assert_parity(outputs, prompts)
@@ -239,17 +276,27 @@ def test_twenty_percent_of_kv_loads_fail(deployment):
     assert after.kv_transfer_failures > before.kv_transfer_failures
     assert after.kv_transfers - before.kv_transfers >= STREAMS - n_failed
     assert _metric(deployment, "splitserve_prefill_fallbacks_total") == fallbacks
+    # each request hit by the fault, and no other, is flagged: its trace and the counter
+    got = _metric(deployment, "splitserve_kv_recomputes_total", reason=KV_TRANSFER_ERROR)
+    assert got - recomputes == n_failed
+    hit = sorted(len(ids) for ids in prompts if kv_load_fails(FAULTS, ids))
+    assert _recomputed_prompt_lengths(span_file, spans, KV_TRANSFER_ERROR) == hit
     _assert_nothing_left()
 
 
-def test_kv_loads_delayed_past_the_lease_are_recomputed(deployment):
+def test_kv_loads_delayed_past_the_lease_are_recomputed(deployment, span_file):
     delayed = _prompts(4, 8, prefill_error=False, kv_fail=False, kv_delay=True)
     prompts = delayed + _prompts(5, STREAMS - 8, prefill_error=False, kv_fail=False, kv_delay=False)
     before = _decode_stats()
+    recomputes = _metric(deployment, "splitserve_kv_recomputes_total", reason=KV_EXPIRED)
+    spans = len(read_spans(span_file))
     outputs = _run_streams(deployment, prompts)
     after = _decode_stats()
     _assert_parity(outputs, prompts)
     assert after.kv_handoffs_expired - before.kv_handoffs_expired == len(delayed)
+    got = _metric(deployment, "splitserve_kv_recomputes_total", reason=KV_EXPIRED)
+    assert got - recomputes == len(delayed)
+    assert _recomputed_prompt_lengths(span_file, spans, KV_EXPIRED) == sorted(map(len, delayed))
     assert after.kv_transfers - before.kv_transfers >= STREAMS - len(delayed)
     _assert_nothing_left()
 

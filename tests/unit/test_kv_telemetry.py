@@ -1,7 +1,8 @@
 """Per-request KV-transfer telemetry (splitserve/engine/kv_telemetry.py): vLLM's own
 `_pop_done_transfers` and `NixlKVConnectorStats`, run on a fake worker and a fake NIXL agent
-(no engine, no NIXL), attribute each DONE transfer's telemetry to its request; the entries
-survive the EngineCore -> front-end serialization and reach `LatestStats` per request."""
+(no engine, no NIXL), attribute each DONE transfer's telemetry to its request, and each failed
+KV load (`failed_recving`) is listed by request; the entries survive the EngineCore -> front-end
+serialization and reach `LatestStats` per request."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from splitserve.engine import kv_telemetry as kt
+from splitserve.engine.messages import KV_EXPIRED, KV_TRANSFER_ERROR, kv_recompute_reason
 from splitserve.engine.stats import MAX_REQUEST_TRANSFERS, LatestStats
 
 base_worker = pytest.importorskip(
@@ -20,7 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
     NixlKVConnectorStats,
 )
 
-STOCK_KEYS = set(NixlKVConnectorStats().data) - {kt.REQUEST_TRANSFERS}
+STOCK_KEYS = set(NixlKVConnectorStats().data) - set(kt._KEYS)
 
 
 class _Stats(NixlKVConnectorStats):
@@ -53,6 +55,13 @@ class _Worker:
     def __init__(self, agent: _Agent) -> None:
         self.nixl_wrapper = agent
         self.xfer_stats = _Stats()
+        self.failed_recving: set[str] = set()
+
+    def get_transfer_results(self):
+        """Scripted: the step's `KVConnectorTransferResults` (only the failures matter)."""
+        failed, self.failed_recving = self.failed_recving, set()
+        return SimpleNamespace(finished_sending=set(), finished_recving=set(failed),
+                               failed_recving=failed)
 
     def _log_failure(self, **_) -> None:
         pass
@@ -107,7 +116,7 @@ def test_patching_is_idempotent_and_keeps_the_stock_keys():
     assert not getattr(inner, "splitserve_patched", False)
     assert not getattr(_Stats.reset.__wrapped__, "splitserve_patched", False)
     stats = _Stats()
-    assert set(stats.data) == STOCK_KEYS | {kt.REQUEST_TRANSFERS}
+    assert set(stats.data) == STOCK_KEYS | set(kt._KEYS)
     assert stats.clone_and_reset().data is not stats.data and stats.data[kt.REQUEST_TRANSFERS] == []
     assert stats.reduce()["Num successful transfers"] == 0
 
@@ -136,13 +145,53 @@ def test_stats_cross_to_the_front_end_and_aggregate():
     assert old.data[kt.REQUEST_TRANSFERS] == got[kt.REQUEST_TRANSFERS]
 
 
+def test_failed_kv_loads_are_listed_by_request_and_keep_the_step():
+    worker = _Worker(_Agent({}, {}))
+    assert worker.get_transfer_results().failed_recving == set()
+    assert worker.xfer_stats.data[kt.REQUEST_FAILURES] == []
+    assert worker.xfer_stats.is_empty()
+
+    worker.failed_recving = {"cmpl-b-5e6f7a8b", "cmpl-a-1a2b3c4d"}
+    results = worker.get_transfer_results()
+    assert results.failed_recving == {"cmpl-a-1a2b3c4d", "cmpl-b-5e6f7a8b"}  # unchanged
+    data = worker.xfer_stats.data
+    assert data[kt.REQUEST_FAILURES] == ["cmpl-a-1a2b3c4d", "cmpl-b-5e6f7a8b"]
+    assert data["num_failed_transfers"] == []  # vLLM's own counters: as without the patch
+    # vLLM counted the handshake failure in an earlier step: this one is not empty all the same
+    assert not worker.xfer_stats.is_empty()
+    step = worker.xfer_stats.clone_and_reset()
+    assert step.data[kt.REQUEST_FAILURES] == data[kt.REQUEST_FAILURES]
+    assert worker.xfer_stats.data[kt.REQUEST_FAILURES] == []
+
+    acc = _Stats(data={k: [] for k in STOCK_KEYS})  # built without the keys
+    acc.aggregate(step)
+    assert acc.data[kt.REQUEST_FAILURES] == ["cmpl-a-1a2b3c4d", "cmpl-b-5e6f7a8b"]
+
+
+def test_failures_cross_to_the_front_end():
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    worker = _Worker(_Agent({}, {}))
+    worker.failed_recving = {"cmpl-x-abcdefgh"}
+    worker.get_transfer_results()
+    sent = EngineCoreOutputs(scheduler_stats=SchedulerStats(
+        kv_connector_stats=worker.xfer_stats.clone_and_reset().to_dict()))
+    frames = MsgpackEncoder().encode(sent)
+    got = MsgpackDecoder(EngineCoreOutputs).decode(frames).scheduler_stats.kv_connector_stats
+    assert got[kt.REQUEST_FAILURES] == ["cmpl-x-abcdefgh"]
+
+
 def test_install_patches_vllm_and_degrades_to_a_no_op(monkeypatch, caplog):
     from splitserve.engine import vllm_plugin
 
     vllm_plugin.register()  # what vLLM runs in each of its processes
     assert kt.install() is True
     assert base_worker.NixlBaseConnectorWorker._pop_done_transfers.splitserve_patched
+    assert base_worker.NixlBaseConnectorWorker.get_transfer_results.splitserve_patched
     assert NixlKVConnectorStats.reset.splitserve_patched
+    assert NixlKVConnectorStats.is_empty.splitserve_patched
     monkeypatch.setitem(sys.modules, "vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats",
                         None)
     with caplog.at_level("INFO", logger="splitserve.engine"):
@@ -186,3 +235,22 @@ def test_latest_stats_keeps_a_bounded_number_of_uncollected_requests():
     assert len(stats.requests) == MAX_REQUEST_TRANSFERS
     assert stats.pop_request_transfer("r0") is None  # the oldest went first
     assert stats.pop_request_transfer(f"r{MAX_REQUEST_TRANSFERS + 4}") is not None
+
+
+def test_latest_stats_marks_a_request_whose_kv_load_failed():
+    stats = LatestStats()
+    stats.add_connector_stats({"num_failed_handshakes": [1]})
+    stats.add_connector_stats({kt.REQUEST_FAILURES: ["cmpl-a-1a2b3c4d"]})
+    stats.add_connector_stats(_step(("cmpl-b-5e6f7a8b", 0.001, 512)))
+    a = stats.pop_request_transfer("cmpl-a")
+    assert (a.failed, a.transfers, a.bytes) == (True, 0, 0)  # nothing pulled: recomputed
+    assert stats.pop_request_transfer("cmpl-b").failed is False
+    assert stats.snapshot(role="decode", replica="r", num_unfinished=0).kv_transfer_failures == 1
+
+
+@pytest.mark.parametrize(("expired", "load_failed", "reason"), [
+    (False, False, None), (False, True, KV_TRANSFER_ERROR), (True, False, KV_EXPIRED),
+    (True, True, KV_EXPIRED),  # an expired handoff is never pulled: its expiry is the cause
+])
+def test_kv_recompute_reason(expired, load_failed, reason):
+    assert kv_recompute_reason(expired=expired, load_failed=load_failed) == reason

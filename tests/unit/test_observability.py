@@ -9,6 +9,7 @@ method, its text parsed with prometheus_client's parser.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -19,7 +20,7 @@ from rich.console import Console
 from splitserve import top
 from splitserve.config import parse_config
 from splitserve.controller.metrics import ControllerMetrics, action_of
-from splitserve.engine.messages import WorkerError
+from splitserve.engine.messages import KV_EXPIRED, KV_TRANSFER_ERROR, WorkerError
 from splitserve.logs import JsonFormatter, TextFormatter
 from splitserve.router.metrics import OUTCOMES
 from splitserve.router.request_log import outcome_of
@@ -211,6 +212,34 @@ def test_the_request_log_line_has_the_trace_id_and_no_prompt_unless_enabled(requ
     request_log.clear()
     asyncio.run(run(request_log=False))
     assert request_log == []
+
+
+def test_a_recomputed_handoff_is_counted_and_named_in_the_request_log(request_log):
+    recomputed = [*DECODE_OK[:-1], dataclasses.replace(
+        DECODE_OK[-1], kv_bytes=0, kv_transfer_s=None, kv_recomputed=KV_TRANSFER_ERROR)]
+
+    async def run():
+        router = build_router(_config(), Pool(PREFILL_OK), Pool(recomputed))
+        await drain(await router._serve("completions", http_request(completion_body(), _auth())))
+        await drain(await router._serve("completions", http_request(completion_body(), _auth())))
+        return _samples(await _scrape(router))
+
+    samples = asyncio.run(run())
+    assert _value(samples, "splitserve_kv_recomputes_total", reason=KV_TRANSFER_ERROR) == 2
+    assert _value(samples, "splitserve_kv_recomputes_total", reason=KV_EXPIRED) == 0
+    assert _value(samples, "splitserve_kv_transfer_duration_seconds_count") == 0
+    assert _value(samples, "splitserve_requests_total", outcome="ok") == 2  # served all the same
+    assert [r.fields["kv_recomputed"] for r in request_log] == [KV_TRANSFER_ERROR] * 2
+    assert "kv_recomputed=transfer_error" in TextFormatter().format(request_log[0])
+
+    request_log.clear()
+
+    async def pulled():
+        router = build_router(_config(), Pool(PREFILL_OK), Pool(DECODE_OK))
+        await drain(await router._serve("completions", http_request(completion_body(), _auth())))
+
+    asyncio.run(pulled())
+    assert request_log[0].fields["kv_recomputed"] is None
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 
 from splitserve.config import parse_config
-from splitserve.engine.messages import GenerateRequest, Sampling, WorkerError
+from splitserve.engine.messages import (
+    KV_EXPIRED,
+    KV_TRANSFER_ERROR,
+    GenerateRequest,
+    Sampling,
+    WorkerError,
+)
 from splitserve.router import tracing as tr
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError
@@ -137,6 +143,40 @@ def test_no_measured_transfer_no_kv_transfer_span_and_the_duration_metric_counts
     spans, count, total = asyncio.run(run(DECODE_OK))
     assert (count, total) == (1, pytest.approx(KV_SECONDS))
     assert tr.KV_TRANSFER in spans
+
+
+@pytest.mark.parametrize(("reason", "measured_s"), [
+    (KV_TRANSFER_ERROR, None),  # the pull failed before anything moved
+    (KV_TRANSFER_ERROR, KV_SECONDS),  # one rank's transfer completed, another's failed
+    (KV_EXPIRED, None),  # the handoff expired before the decode engine saw it
+])
+def test_a_recomputed_handoff_gives_a_failed_kv_transfer_span(reason, measured_s):
+    recomputed = [*DECODE_OK[:-1], dataclasses.replace(
+        DECODE_OK[-1], kv_bytes=0, kv_transfer_s=measured_s, kv_recomputed=reason)]
+
+    async def run():
+        exporter = InMemorySpanExporter()
+        router = build_router(config(), Pool(PREFILL_OK), Pool(recomputed), exporter)
+        response = await router._serve("completions", http_request(completion_body()))
+        assert response.status_code == 200
+        await drain(response)
+        return _by_name(exporter)
+
+    spans = asyncio.run(run())
+    decode, kv = _one(spans, tr.DECODE), _one(spans, tr.KV_TRANSFER)
+    assert _parent_of(kv) == decode.context.span_id
+    assert kv.status.status_code is StatusCode.ERROR and reason in kv.status.description
+    assert kv.attributes[tr.KV_RECOMPUTED] is True
+    assert kv.attributes[tr.ERROR_TYPE] == reason
+    assert (kv.attributes[tr.KV_BYTES], kv.attributes[tr.KV_BLOCKS]) == (0, 2)
+    assert kv.attributes.get(tr.KV_SECONDS) == measured_s
+    (event,) = kv.events
+    assert (event.name, dict(event.attributes)) == (tr.KV_FAILED, {"reason": reason})
+    assert kv.end_time == event.timestamp == decode.events[0].timestamp  # at the first token
+    assert kv.end_time - kv.start_time == round((measured_s or 0) * 1e9)
+    # the request itself succeeded: only the KV span failed
+    others = [s for ss in spans.values() for s in ss if s is not kv]
+    assert all(s.status.status_code is not StatusCode.ERROR for s in others)
 
 
 def test_spans_go_to_a_json_lines_file_when_configured(tmp_path):
