@@ -13,8 +13,9 @@ Configurations, deployed one after another on this machine (Ray in this process,
     colocated    2 colocated workers (mode colocated, pools.decode.replicas 2)
     conditional  1 prefill + 1 decode worker with the default policy (router/policy.py):
                  remote prefill for prompts of at least `min_remote_prompt_tokens` (128),
-                 prefilled on the decode worker when that is the faster path, and whole
-                 requests run on the prefill worker when decode is the bottleneck
+                 prefilled on the decode worker when that is the faster path
+    conditional-offload  conditional, and whole requests run on the prefill worker when
+                 decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
 
 Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact output lengths:
 
@@ -75,6 +76,8 @@ CONFIGS = {
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
+    # the default policy plus whole requests on an idle prefill engine (off by default)
+    "conditional-offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
 }
 
 
