@@ -10,7 +10,11 @@ either variant, so any difference is the connector's per-step cost.
 
 Each variant runs in its own process (a fresh engine, bound to the same core); variants
 alternate over `--rounds` so that the machine's noise falls on both. Prints one line per
-variant and round, then the nixl/plain TPOT ratio per stream count.
+variant and round, then per stream count the medians of TPOT and of the CPU time per output
+token of the engine's two processes: the EngineCore (scheduler, and the connector's scheduler
+half) and its worker (the model, and the connector's worker half). The EngineCore is not bound
+to the engine's core, so on an idle machine its extra work does not show in TPOT; in a loaded
+deployment it competes for the same cores.
 
     flock /tmp/engine.lock nice -n 5 .venv/bin/python scripts/probe_connector_tpot.py
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
 import statistics
@@ -27,6 +32,26 @@ import sys
 import time
 
 VARIANTS = ("plain", "nixl")
+PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
+
+
+def cpu_seconds(names: tuple[str, ...] = PROCESSES) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the processes whose title starts with each
+    name (vLLM sets its processes' titles), summed per name."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(names, 0.0)
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat.replace("stat", "cmdline"), "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+            with open(stat) as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        for name in names:
+            if title.startswith(name):
+                out[name] += (int(fields[11]) + int(fields[12])) / hz
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,8 +107,13 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
     await asyncio.gather(*(one(8) for _ in range(4)))  # warm-up
     result: dict[int, dict[str, float]] = {}
     for s in (int(x) for x in args.streams.split(",")):
+        before = cpu_seconds()
         per_stream = await asyncio.gather(*(one(args.output_len) for _ in range(s)))
-        result[s] = {"tpot_ms": 1000 * statistics.mean(per_stream)}
+        used = {k: v - before[k] for k, v in cpu_seconds().items()}
+        tokens = s * args.output_len
+        result[s] = {"tpot_ms": 1000 * statistics.mean(per_stream),
+                     "core_cpu_ms_per_token": 1000 * used["VLLM::EngineCore"] / tokens,
+                     "worker_cpu_ms_per_token": 1000 * used["VLLM::Worker"] / tokens}
     engine.shutdown()
     return result
 
@@ -110,13 +140,21 @@ def main(argv: list[str] | None = None) -> int:
         for variant in VARIANTS:
             res = _run_child(variant, argv)
             runs[variant].append(res)
-            cells = "  ".join(f"{s}:{v['tpot_ms']:.1f}" for s, v in res.items())
-            print(f"round {r + 1} {variant:5s} TPOT ms by streams  {cells}", flush=True)
-    print("\nstreams  plain_ms  nixl_ms  nixl/plain")
+            cells = "  ".join(f"{s}:{v['tpot_ms']:.1f}/{v['core_cpu_ms_per_token']:.2f}"
+                              for s, v in res.items())
+            print(f"round {r + 1} {variant:5s} streams:TPOT ms/EngineCore CPU ms per token  "
+                  f"{cells}", flush=True)
+    def med(variant: str, s: str, key: str) -> float:
+        return statistics.median(run[s][key] for run in runs[variant])
+
+    print("\nmedians; CPU ms per output token of the EngineCore and of its worker process")
+    print("streams  TPOT ms plain  nixl  ratio   EngineCore plain  nixl   Worker plain  nixl")
     for s in runs["plain"][0]:
-        plain = statistics.median(run[s]["tpot_ms"] for run in runs["plain"])
-        nixl = statistics.median(run[s]["tpot_ms"] for run in runs["nixl"])
-        print(f"{s:>7}  {plain:8.1f}  {nixl:7.1f}  {nixl / plain:10.2f}")
+        tp, tn = med("plain", s, "tpot_ms"), med("nixl", s, "tpot_ms")
+        cp, cn = (med(v, s, "core_cpu_ms_per_token") for v in VARIANTS)
+        wp, wn = (med(v, s, "worker_cpu_ms_per_token") for v in VARIANTS)
+        print(f"{s:>7}  {tp:13.1f}  {tn:4.1f}  {tn / tp:5.2f}   {cp:16.2f}  {cn:4.2f}"
+              f"   {wp:12.2f}  {wn:4.2f}")
     return 0
 
 
