@@ -192,6 +192,45 @@ def patch_cpu_seeded_sampling() -> None:
 
 
 FORK_WORKERS_ENV = "SPLITSERVE_FORK_ENGINE_WORKERS"
+MQ_WAIT_ENV = "SPLITSERVE_MQ_WAIT_MS"  # experimental, off unless set (BENCHMARKS.md)
+SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
+
+
+def _sleep_between_steps(module: Any, wait_ms: int) -> None:
+    cls = module.SpinCondition
+    if getattr(cls, "splitserve_mq_patch", False):
+        return
+    init, wait = cls.__init__, cls.wait
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if self.is_reader:
+            self.busy_loop_s = 0  # sleep on the socket at once instead of a sched_yield loop
+
+    def wait_capped(self: Any, timeout_ms: int | None = None) -> None:
+        # a notification missed (e.g. before the subscription took) costs wait_ms, not 5 s
+        wait(self, wait_ms if timeout_ms is None else min(timeout_ms, wait_ms))
+
+    cls.__init__, cls.wait, cls.splitserve_mq_patch = __init__, wait_capped, True
+
+
+def patch_mq_sleep() -> bool:
+    """Experimental, with `MQ_WAIT_ENV` set to N: vLLM's message-queue readers (the EngineCore
+    waiting for its worker, the worker for the next step) sleep on their socket at once,
+    waking at least every N ms, instead of busy-waiting for 1 s after each message. False
+    when unset."""
+    value = os.environ.get(MQ_WAIT_ENV)
+    if not value:
+        return False
+    wait_ms = max(1, int(value))
+    module = sys.modules.get(SHM_BROADCAST)
+    if module is not None:
+        _sleep_between_steps(module, wait_ms)
+    elif not any(isinstance(f, _AfterImport) and f.name == SHM_BROADCAST for f in sys.meta_path):
+        sys.meta_path.insert(
+            0, _AfterImport(SHM_BROADCAST, lambda m: _sleep_between_steps(m, wait_ms))
+        )
+    return True
 
 
 def _in_ray_actor() -> bool:
@@ -213,6 +252,7 @@ def fork_engine_workers() -> bool:
 def register() -> None:
     """vLLM general-plugin entry point: runs in every vLLM process, possibly several times."""
     fork_engine_workers()
+    patch_mq_sleep()
     patch_nixl_progress_delay()
     patch_cpu_seeded_sampling()
     kv_telemetry.install()

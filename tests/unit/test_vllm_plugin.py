@@ -126,3 +126,34 @@ def test_no_fork_without_the_flag_or_inside_a_ray_actor(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", _FakeRay())  # the replica: vLLM must spawn there
     assert not vllm_plugin.fork_engine_workers()
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_experimental_mq_sleep_makes_readers_wait_on_their_socket(monkeypatch) -> None:
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    cls = shm_broadcast.SpinCondition
+    for name in ("__init__", "wait"):  # restored after the test: the patch is process-wide
+        monkeypatch.setattr(cls, name, getattr(cls, name))
+    monkeypatch.setattr(cls, "splitserve_mq_patch", False, raising=False)
+    monkeypatch.setenv(vllm_plugin.MQ_WAIT_ENV, "2")
+    assert vllm_plugin.patch_mq_sleep()
+    reader = cls(is_reader=True, context=zmq.Context.instance(),
+                 notify_address=f"ipc:///tmp/splitserve-mq-test-{os.getpid()}")
+    assert reader.busy_loop_s == 0  # vLLM's default: 1 s of sched_yield after each message
+    timeouts = []
+
+    class _Poller:  # records the timeout the reader sleeps with (a fake: nothing to wait for)
+        def poll(self, timeout):
+            timeouts.append(timeout)
+            return []
+
+    reader.poller = _Poller()
+    reader.wait(None)
+    reader.wait(5000)  # vLLM's recheck interval: a missed notification would cost 5 s
+    assert timeouts == [2, 2]
+
+
+def test_mq_untouched_by_default(monkeypatch) -> None:
+    monkeypatch.delenv(vllm_plugin.MQ_WAIT_ENV, raising=False)
+    assert not vllm_plugin.patch_mq_sleep()
