@@ -30,6 +30,10 @@ forking its workers is vLLM's own default outside Ray, so in the EngineCore of a
 host asks for it (`FORK_WORKERS_ENV`), the plugin sets the method back to `fork`: the worker
 starts with everything imported. vLLM's own checks still force `spawn` where fork is unsafe
 (CUDA already initialised).
+
+Fifth, experimental and off unless `MQ_WAIT_ENV` is set (`patch_mq_sleep`): vLLM's message-queue
+readers between the EngineCore and its worker sleep on their socket instead of busy-waiting
+between steps (BENCHMARKS.md, the decode-heavy runs).
 """
 
 from __future__ import annotations
@@ -183,12 +187,16 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def patch_cpu_seeded_sampling() -> None:
     """Install the seeded-sampling fix on the CPU model runner (now or when it is imported)."""
-    module = sys.modules.get(CPU_MODEL_RUNNER)
+    _when_imported(CPU_MODEL_RUNNER, _patch_cpu_runner)
+
+
+def _when_imported(name: str, fn: Callable[[Any], None]) -> None:
+    """`fn(module)` now if `name` is imported, else right after its import (once)."""
+    module = sys.modules.get(name)
     if module is not None:
-        _patch_cpu_runner(module)
-    elif not any(isinstance(f, _AfterImport) and f.name == CPU_MODEL_RUNNER
-                 for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(CPU_MODEL_RUNNER, _patch_cpu_runner))
+        fn(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, fn))
 
 
 FORK_WORKERS_ENV = "SPLITSERVE_FORK_ENGINE_WORKERS"
@@ -223,13 +231,7 @@ def patch_mq_sleep() -> bool:
     if not value:
         return False
     wait_ms = max(1, int(value))
-    module = sys.modules.get(SHM_BROADCAST)
-    if module is not None:
-        _sleep_between_steps(module, wait_ms)
-    elif not any(isinstance(f, _AfterImport) and f.name == SHM_BROADCAST for f in sys.meta_path):
-        sys.meta_path.insert(
-            0, _AfterImport(SHM_BROADCAST, lambda m: _sleep_between_steps(m, wait_ms))
-        )
+    _when_imported(SHM_BROADCAST, lambda m: _sleep_between_steps(m, wait_ms))
     return True
 
 
