@@ -153,6 +153,7 @@ class Router:
                 replicas={role: p.replicas for role, p in view.deployed_pools().items()},
                 decode_migrations=self.cfg.router.decode_migrations,
                 tracing=self.tracing,
+                streaming=self.cfg.router.streaming,
             )
 
         self.routes: dict[str, ModelRoute] = build_routes(

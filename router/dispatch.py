@@ -26,9 +26,10 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from splitserve.config import DisaggregationConfig
+from splitserve.config import DisaggregationConfig, StreamingConfig
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
+from splitserve.router.coalescing import stream_interval
 from splitserve.router.errors import APIError, bad_request, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
@@ -79,8 +80,10 @@ class Dispatcher:
         replicas: dict[str, int] | None = None,
         decode_migrations: int = 1,
         tracing: Tracing = NOOP_TRACING,
+        streaming: StreamingConfig | None = None,
     ) -> None:
         self.pools = pools
+        self.streaming = streaming or StreamingConfig()
         self.tracing = tracing
         self.disagg = disagg
         self.metrics = metrics
@@ -118,6 +121,19 @@ class Dispatcher:
             cfg=self.disagg,
         )
 
+    def _coalesced(self, req: GenerateRequest, pool: str) -> GenerateRequest:
+        """`req` with the tokens per streamed chunk that `pool`'s load calls for (counted)."""
+        load = self.load()
+        if pool == "prefill":
+            streams, replicas = load.prefill_streams, load.prefill_replicas
+        else:
+            streams, replicas = load.decode_streams, load.decode_replicas
+        interval = stream_interval((streams + 1) / max(replicas, 1), self.streaming)
+        self.metrics.stream_intervals.labels(tokens_per_chunk=str(interval)).inc()
+        return req if interval == req.stream_interval else dataclasses.replace(
+            req, stream_interval=interval
+        )
+
     async def stream(
         self, req: GenerateRequest, tenant: Tenant, trace_context: Context | None = None
     ) -> AsyncIterator[GenerateChunk]:
@@ -129,6 +145,7 @@ class Dispatcher:
         """
         path = self._path(req)
         n_prompt = len(req.prompt_token_ids)
+        req = self._coalesced(req, path.pool)
         self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
         if path is not PrefillPath.COLOCATED:
             self.metrics.disagg_reasons.labels(reason=path.value).inc()

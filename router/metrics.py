@@ -133,6 +133,13 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.stream_intervals = Counter(
+            "splitserve_stream_intervals",
+            "Requests by the most tokens per streamed chunk the router asked of the engine "
+            "(adaptive coalescing under load, router.streaming; 1: every token at once).",
+            ["tokens_per_chunk"],
+            registry=r,
+        )
         self.decode_migrations = Counter(
             "splitserve_decode_migrations",
             "Requests continued on another decode replica after theirs failed, by failure kind.",

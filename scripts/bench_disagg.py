@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_disagg.py [--preset NAME ...] [--configs a,b,c]
         [--rates 0.5,1,2,4] [--num-requests 30] [--ttft-slo-ms 1000] [--tpot-slo-ms 100]
-        [--seed 0] [--warmup 4] [--out bench-results/disagg]
+        [--seed 0] [--warmup 4] [--rounds 1] [--out bench-results/disagg]
 
 Configurations, deployed one after another on this machine (Ray in this process, through
 `tests.conftest.running_deployment`, on a free port), each with two engines:
@@ -16,19 +16,31 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  prefilled on the decode worker when that is the faster path
     conditional-offload  conditional, and whole requests run on the prefill worker when
                  decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
+    <any>-per-token  that configuration without adaptive token coalescing (router.streaming:
+                 every token its own streamed chunk)
 
 Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact output lengths:
 
     long-prompt-short-output   prompt 1536, output 16   (prefill-bound)
     short-prompt-long-output   prompt 128,  output 256  (decode-bound)
 
-Each configuration is started once and runs every preset's sweep (one `splitserve bench`
-run per rate, the same prompts at every rate) after `--warmup` unmeasured requests.
+Each configuration is started once per round and runs every preset's sweep (one `splitserve
+bench` run per rate, the same prompts at every rate) after `--warmup` unmeasured requests.
+
+`--rounds N` repeats the whole comparison N times, interleaved: round 1 runs the configurations
+in the order given, round 2 in reverse, and so on, so that a drift in the machine's load over
+the run falls on every configuration alike. Round r uses seed `--seed + r - 1`, the same for
+every configuration of that round, so each round is a paired comparison. On this shared
+two-core machine single runs move by up to 2x; compare configurations by their per-round
+goodput and by how many rounds each one won, not by one run.
 
 Writes, under --out:
     <config>/<preset>/rate-<r>/{summary.json,requests.jsonl,latency_cdf.png}, sweep.json
+                      (with --rounds > 1: round-<r>/<config>/<preset>/...)
     comparison.json   per preset and configuration: per-rate attainment, goodput, throughput,
-                      and the highest rate meeting 90 % attainment (rewritten after each config)
+                      and the highest rate meeting 90 % attainment (rewritten after each config;
+                      with --rounds > 1 the last round's, and `rounds`: every round's goodput
+                      per preset, rate and configuration, their medians and the rounds won)
     <preset>.png      SLO attainment and goodput vs rate, one line per configuration
 
 The conditional policy's decisions (remote, short, spill, offload, ...) per rate are read from
@@ -44,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -79,6 +92,12 @@ CONFIGS = {
     # the default policy plus whole requests on an idle prefill engine (off by default)
     "conditional-offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
 }
+# Each configuration also without adaptive token coalescing (router.streaming): every token
+# its own streamed chunk, as before session 7.
+CONFIGS.update({
+    f"{name}-per-token": {**overrides, "router.streaming.max_tokens_per_chunk": 1}
+    for name, overrides in list(CONFIGS.items())
+})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tpot-slo-ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=4, help="unmeasured requests per preset")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved repeats of the comparison")
     p.add_argument("--out", default="bench-results/disagg")
     args = p.parse_args(argv)
     args.preset = args.preset or list(PRESETS)
@@ -103,7 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def bench_config(args: argparse.Namespace, base_url: str, preset: str, out: Path) -> BenchConfig:
+def bench_config(
+    args: argparse.Namespace, base_url: str, preset: str, out: Path, seed: int
+) -> BenchConfig:
     """The sweep of one preset against one running deployment."""
     shape = PRESETS[preset]
     workload = WorkloadSpec(
@@ -111,7 +133,7 @@ def bench_config(args: argparse.Namespace, base_url: str, preset: str, out: Path
         prompt_len=LengthSpec.parse(shape["prompt_len"]),
         output_len=LengthSpec.parse(shape["output_len"]),
         rate=args.rates[0],
-        seed=args.seed,
+        seed=seed,
     )
     return BenchConfig(
         target=Target(f"{base_url}/v1", "splitserve-tiny"),
@@ -135,16 +157,71 @@ def decision_counts(base_url: str) -> Counter[str]:
     return counts
 
 
-def run_config(args: argparse.Namespace, name: str, out: Path) -> dict[str, dict]:
+def round_order(configs: list[str], round_index: int) -> list[str]:
+    """The order of the configurations in round `round_index` (0-based): as given in even
+    rounds, reversed in odd ones (an ABBA schedule)."""
+    return list(configs) if round_index % 2 == 0 else list(reversed(configs))
+
+
+def combine_rounds(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Every round's goodput side by side: preset -> rate -> {"goodput": {config: [per round]},
+    "median": {config: median}, "wins": {config: rounds in which it had the highest goodput}}.
+
+    `rounds` holds one `results` mapping (preset -> config -> sweep) per round. A round won by
+    several configurations at once (equal goodput) counts for none of them."""
+    combined: dict[str, dict] = {}
+    for results in rounds:
+        for preset, by_config in results.items():
+            for name, sweep in by_config.items():
+                for point in sweep["points"]:
+                    row = combined.setdefault(preset, {}).setdefault(str(point["rate"]), {})
+                    row.setdefault("goodput", {}).setdefault(name, []).append(
+                        point["goodput_rps"]
+                    )
+    for by_rate in combined.values():
+        for row in by_rate.values():
+            goodput = row["goodput"]
+            row["median"] = {name: statistics.median(v) for name, v in goodput.items()}
+            wins = Counter()
+            for i in range(min(len(v) for v in goodput.values())):
+                per_round = {name: v[i] for name, v in goodput.items()}
+                best = max(per_round.values())
+                leaders = [name for name, g in per_round.items() if g == best]
+                if len(leaders) == 1:
+                    wins[leaders[0]] += 1
+            row["wins"] = {name: wins[name] for name in goodput}
+    return combined
+
+
+def format_rounds(combined: dict[str, dict]) -> str:
+    """A text table of `combine_rounds`: per preset and rate, each configuration's goodput per
+    round, median and rounds won."""
+    lines = []
+    for preset, by_rate in combined.items():
+        lines.append(preset)
+        for rate, row in by_rate.items():
+            for name, values in row["goodput"].items():
+                per_round = ", ".join(f"{v:.2f}" for v in values)
+                lines.append(
+                    f"  rate {rate:>4}  {name:<20} goodput {per_round}  "
+                    f"median {row['median'][name]:.2f}  won {row['wins'][name]}"
+                )
+    return "\n".join(lines)
+
+
+def run_config(
+    args: argparse.Namespace, name: str, out: Path, seed: int | None = None
+) -> dict[str, dict]:
     """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset, each with
     the policy's decisions per rate (`decisions`: reason -> requests, warm-up excluded)."""
+    seed = args.seed if seed is None else seed
     sweeps = {}
     cfg = test_config(**CONFIGS[name])
     start = time.perf_counter()
     with running_deployment(cfg) as base:
         print(f"[{name}] ready after {time.perf_counter() - start:.0f} s ({base})", flush=True)
         for preset in args.preset:
-            bench = bench_config(args, base, preset, out / name / preset)
+            bench = bench_config(args, base, preset, out / name / preset, seed)
             run_warmup(bench)
             decisions: dict[str, dict[str, int]] = {}
             seen = [decision_counts(base)]
@@ -163,8 +240,11 @@ def run_config(args: argparse.Namespace, name: str, out: Path) -> dict[str, dict
     return sweeps
 
 
-def write_comparison(args: argparse.Namespace, out: Path, results: dict[str, dict]) -> None:
-    """Write comparison.json and one goodput/attainment plot per preset."""
+def write_comparison(
+    args: argparse.Namespace, out: Path, results: dict[str, dict], rounds: dict[str, dict]
+) -> None:
+    """Write comparison.json (with every round's goodput under `rounds`) and one
+    goodput/attainment plot per preset (the latest round)."""
     write_json(out / "comparison.json", {
         "machine": {"cpus": os.cpu_count()},
         "slo": {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms},
@@ -173,6 +253,7 @@ def write_comparison(args: argparse.Namespace, out: Path, results: dict[str, dic
         "presets": {p: PRESETS[p] for p in args.preset},
         "configs": {c: CONFIGS[c] for c in args.configs},
         "results": results,
+        "rounds": rounds,
     })
     for preset, by_config in results.items():
         series = {name: sweep["points"] for name, sweep in by_config.items()}
@@ -182,15 +263,23 @@ def write_comparison(args: argparse.Namespace, out: Path, results: dict[str, dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run every configuration in turn; results are written after each one."""
+    """Run every configuration in turn (per round); results are written after each one."""
     args = parse_args(argv)
     out = Path(args.out)
-    results: dict[str, dict] = {}
-    for name in args.configs:
-        for preset, sweep in run_config(args, name, out).items():
-            results.setdefault(preset, {})[name] = sweep
-        write_comparison(args, out, results)
+    rounds: list[dict[str, dict]] = []
+    for r in range(args.rounds):
+        round_out = out / f"round-{r + 1}" if args.rounds > 1 else out
+        results: dict[str, dict] = {}
+        rounds.append(results)
+        for name in round_order(args.configs, r):
+            if args.rounds > 1:
+                print(f"[round {r + 1}/{args.rounds}] {name}", flush=True)
+            for preset, sweep in run_config(args, name, round_out, args.seed + r).items():
+                results.setdefault(preset, {})[name] = sweep
+            write_comparison(args, out, results, combine_rounds(rounds))
     print(f"wrote {out / 'comparison.json'}")
+    if args.rounds > 1:
+        print(format_rounds(combine_rounds(rounds)))
     for preset, by_config in results.items():
         best = {name: s["max_rate_meeting_target"] for name, s in by_config.items()}
         print(f"{preset}: highest rate with >= 90% SLO attainment: {best}")

@@ -54,6 +54,34 @@ def cpu_seconds(names: tuple[str, ...] = PROCESSES) -> dict[str, float]:
     return out
 
 
+def thread_cpu_seconds(names: tuple[str, ...] = PROCESSES) -> dict[str, float]:
+    """CPU seconds used so far by each thread of those processes, keyed "<process>/<thread
+    name>" (threads of one name summed): tells a process's compute thread from its helpers
+    (NIXL's progress threads, vLLM's busy-waiting message queue, OpenMP)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        name = next((n for n in names if title.startswith(n)), None)
+        if name is None:
+            continue
+        for stat in glob.glob(cmdline.replace("cmdline", "task/[0-9]*/stat")):
+            try:
+                with open(stat) as f:
+                    head, rest = f.read().rsplit(") ", 1)
+            except OSError:
+                continue
+            thread = head.split(" (", 1)[1]
+            fields = rest.split()
+            key = f"{name}/{thread}"
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / hz
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", default="1,4,8,16", help="concurrent streams, comma-separated")
@@ -107,13 +135,16 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
     await asyncio.gather(*(one(8) for _ in range(4)))  # warm-up
     result: dict[int, dict[str, float]] = {}
     for s in (int(x) for x in args.streams.split(",")):
-        before = cpu_seconds()
+        before, threads_before = cpu_seconds(), thread_cpu_seconds()
         per_stream = await asyncio.gather(*(one(args.output_len) for _ in range(s)))
         used = {k: v - before[k] for k, v in cpu_seconds().items()}
+        threads = {k: v - threads_before.get(k, 0.0) for k, v in thread_cpu_seconds().items()}
         tokens = s * args.output_len
         result[s] = {"tpot_ms": 1000 * statistics.mean(per_stream),
                      "core_cpu_ms_per_token": 1000 * used["VLLM::EngineCore"] / tokens,
-                     "worker_cpu_ms_per_token": 1000 * used["VLLM::Worker"] / tokens}
+                     "worker_cpu_ms_per_token": 1000 * used["VLLM::Worker"] / tokens,
+                     "threads_cpu_ms_per_token": {k: 1000 * v / tokens
+                                                  for k, v in threads.items() if v > 0}}
     engine.shutdown()
     return result
 
@@ -144,6 +175,16 @@ def main(argv: list[str] | None = None) -> int:
                               for s, v in res.items())
             print(f"round {r + 1} {variant:5s} streams:TPOT ms/EngineCore CPU ms per token  "
                   f"{cells}", flush=True)
+    print("\nCPU ms per output token by thread (medians over rounds), per stream count")
+    for s in runs["plain"][0]:
+        names = sorted({k for v in VARIANTS for run in runs[v]
+                        for k in run[s].get("threads_cpu_ms_per_token", {})})
+        for name in names:
+            cells = [statistics.median(run[s].get("threads_cpu_ms_per_token", {}).get(name, 0.0)
+                                       for run in runs[v]) for v in VARIANTS]
+            if max(cells) >= 0.01:
+                print(f"{s:>7}  {name:<48} plain {cells[0]:6.2f}  nixl {cells[1]:6.2f}")
+
     def med(variant: str, s: str, key: str) -> float:
         return statistics.median(run[s][key] for run in runs[variant])
 

@@ -177,6 +177,28 @@ class RoutingConfig(_Strict):
         raise ValueError("must be 'auto' or a whole number of blocks >= 1")
 
 
+class StreamingConfig(_Strict):
+    """How many tokens a streamed chunk carries (adaptive coalescing, `router/coalescing.py`).
+
+    Every streamed chunk crosses the engine replica, the router and the HTTP proxy, and each
+    crossing costs host CPU per chunk, not per token. Under load the router asks the engine for
+    one chunk per `ceil(streams per replica / chunks_per_step)` tokens of a request, at most
+    `max_tokens_per_chunk` (vLLM's per-request `stream_interval`): an engine decoding many
+    streams then emits about `chunks_per_step` chunks per step instead of one per stream. The
+    first token and the last are always sent at once, so TTFT and the end of a request do not
+    change; between them a stream arrives in bursts of up to that many tokens.
+    """
+
+    max_tokens_per_chunk: int = Field(
+        4, ge=1, le=64,
+        description="Most tokens in one streamed chunk; 1: every token is its own chunk.",
+    )
+    chunks_per_step: int = Field(
+        8, ge=1,
+        description="Up to this many streams per engine replica, every token is its own chunk.",
+    )
+
+
 class RouterConfig(_Strict):
     """The HTTP ingress."""
 
@@ -200,6 +222,7 @@ class RouterConfig(_Strict):
         "replica (prompt + the tokens already streamed); then the client gets the error.",
     )
     routing: RoutingConfig = RoutingConfig()
+    streaming: StreamingConfig = StreamingConfig()
 
 
 class DisaggregationConfig(_Strict):

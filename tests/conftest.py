@@ -122,7 +122,7 @@ def shared_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[st
 
 def direct_greedy(
     prompt_ids: list[int], max_tokens: int, *, fresh_cache: bool = False,
-    deployment: str = "decode", lora=None,
+    deployment: str = "decode", lora=None, ignore_eos: bool = False,
 ) -> list[int]:
     """Greedy token ids from the decode pool's engine called directly through its Serve handle,
     bypassing the router: the reference that router and disaggregated outputs are compared with.
@@ -130,7 +130,7 @@ def direct_greedy(
     `fresh_cache` drops the engine's prefix cache first, so that the reference recomputes the
     prompt instead of reusing KV that an earlier (e.g. NIXL-delivered) request left behind.
     `deployment`: the pool deployment to call (several-model configs name one per model);
-    `lora`: a `LoraRef` to run the request with.
+    `lora`: a `LoraRef` to run the request with; `ignore_eos`: generate all `max_tokens`.
     """
     import asyncio
     import uuid
@@ -146,7 +146,7 @@ def direct_greedy(
         req = GenerateRequest(
             request_id=f"direct-{uuid.uuid4().hex}",
             prompt_token_ids=tuple(prompt_ids),
-            sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+            sampling=Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos),
             lora=lora,
         )
         out: list[int] = []

@@ -214,6 +214,8 @@ class EngineHost:
             if kv_params is not None and self.spec.faults.active:
                 kv_params = self._faulty_kv_params(req, kv_params)
             params = to_sampling_params(req.sampling)
+            if req.stream_interval > 1:
+                params.stream_interval = req.stream_interval
             if kv_params is not None:
                 params.extra_args = {"kv_transfer_params": kv_params}
             prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))

@@ -88,6 +88,9 @@ class GenerateRequest:
     cache_salt: str | None = None  # scopes prefix caching (derived from the tenant)
     avoid_replicas: tuple[str, ...] = ()  # replica ids that failed this request (retries)
     lora: LoraRef | None = None  # the request's LoRA adapter (None: the base model)
+    # The engine yields a chunk once this many new tokens are ready (the first token and the
+    # last chunk at once); the router raises it under load (router/coalescing.py).
+    stream_interval: int = 1
 
 
 @dataclass(frozen=True)

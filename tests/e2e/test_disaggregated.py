@@ -217,6 +217,66 @@ def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
     assert remote == 2 * sum(n >= THRESHOLD for n in lengths)
 
 
+def _interval_counts(deployment: str) -> dict[str, float]:
+    text = httpx.get(f"{deployment}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("splitserve_stream_intervals_total{"):
+            label = line.split('tokens_per_chunk="', 1)[1].split('"', 1)[0]
+            out[label] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_streams_started_under_load_are_coalesced_and_keep_their_tokens(deployment):
+    """Adaptive token coalescing (router.streaming, defaults: 8 chunks per step, at most 4
+    tokens per chunk): 24 streams started one after another on the one decode replica, each
+    once the previous one has its first token. Every stream's tokens equal the engine's own
+    greedy run; every stream's first chunk is its first token alone; the router asked for more
+    than one token per chunk for the later streams (`/metrics`), and those streams arrived in
+    fewer chunks than tokens: at most one chunk per two tokens after the first."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(10, 500, 16).tolist() for _ in range(24)]  # short: local prefill
+    max_tokens = 160  # long enough that the first streams still run when the last start
+
+    async def run():
+        async with openai.AsyncOpenAI(
+            base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=600
+        ) as c:
+            async def one(ids, started: asyncio.Event):
+                chunks: list[list[int]] = []
+                s = await c.completions.create(
+                    model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0, stream=True,
+                    extra_body={"return_token_ids": True, "ignore_eos": True},
+                )
+                async for chunk in s:
+                    if chunk.choices and chunk.choices[0].model_extra.get("token_ids"):
+                        chunks.append(chunk.choices[0].model_extra["token_ids"])
+                        started.set()
+                return chunks
+
+            tasks = []
+            for ids in prompts:
+                started = asyncio.Event()
+                tasks.append(asyncio.create_task(one(ids, started)))
+                await asyncio.wait_for(started.wait(), 120)
+            return await asyncio.gather(*tasks)
+
+    before = _interval_counts(deployment)
+    streams = asyncio.run(run())
+    after = _interval_counts(deployment)
+    reference = [direct_greedy(ids, max_tokens, ignore_eos=True) for ids in prompts]
+    assert [[t for c in chunks for t in c] for chunks in streams] == reference
+    assert all(len(chunks[0]) == 1 for chunks in streams)
+    coalesced = sum(after.get(k, 0) - before.get(k, 0) for k in ("2", "3", "4"))
+    assert coalesced >= 8  # streams 9-24 found 8 or more streams per replica when they started
+    late = streams[-8:]  # each found at least 16 streams: 2 or 3 tokens per chunk
+    assert all(len(chunks) <= 1 + -(-(max_tokens - 1) // 2) for chunks in late), [
+        len(c) for c in late
+    ]
+
+
 def test_mixed_load_with_cancellations_frees_everything(deployment):
     """64 requests of mixed lengths, every fourth cancelled by the client mid-stream: the others
     complete with exact token counts, and afterwards neither pool holds a request or KV block."""
