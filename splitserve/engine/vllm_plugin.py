@@ -31,7 +31,13 @@ host asks for it (`FORK_WORKERS_ENV`), the plugin sets the method back to `fork`
 starts with everything imported. vLLM's own checks still force `spawn` where fork is unsafe
 (CUDA already initialised).
 
-Fifth, experimental and off unless `MQ_WAIT_ENV` is set (`patch_mq_sleep`): vLLM's message-queue
+Fifth: each CPU engine computes on its own cores (`patch_cpu_worker_affinity`). A forked worker
+misses vLLM's OpenMP binding, so it pins its compute thread to its rank's cores; and vLLM's NIXL
+connector worker, on the CPU, moves that thread to the last core of the NUMA node, so that every
+disaggregated engine of a node computed on one core (measured here: both engines on core 1,
+BENCHMARKS.md). The connector now leaves the thread where it was.
+
+Sixth, experimental and off unless `MQ_WAIT_ENV` is set (`patch_mq_sleep`): vLLM's message-queue
 readers between the EngineCore and its worker sleep on their socket instead of busy-waiting
 between steps (BENCHMARKS.md, the decode-heavy runs).
 """
@@ -199,6 +205,79 @@ def _when_imported(name: str, fn: Callable[[Any], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, fn))
 
 
+CPU_WORKER = "vllm.v1.worker.cpu_worker"
+NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+
+
+def rank_cores(bind: str | None, local_rank: int) -> set[int] | None:
+    """The cores of `local_rank` in a `VLLM_CPU_OMP_THREADS_BIND` value ("0-3|4-7": one group
+    per rank, each "a,b-c"), or None when it names no explicit cores ("auto", "nobind",
+    unset, or fewer groups than ranks)."""
+    if not bind or bind in ("auto", "nobind"):
+        return None
+    groups = bind.split("|")
+    if local_rank >= len(groups):
+        return None
+    cores: set[int] = set()
+    for part in groups[local_rank].split(","):
+        lo, _, hi = part.strip().partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def _pin_to_rank_cores(module: Any) -> None:
+    cls = module.CPUWorker
+    if getattr(cls, "splitserve_pin_patch", False):
+        return
+    init_device = cls.init_device
+
+    def pinned_init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = init_device(self, *args, **kwargs)
+        cores = rank_cores(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), self.local_rank)
+        if cores:
+            try:
+                os.sched_setaffinity(0, cores)
+            except OSError as err:  # cores outside this container's set: leave it to the OS
+                log.warning("engine worker rank %d: cannot pin to cores %s: %s",
+                            self.local_rank, sorted(cores), err)
+        return out
+
+    cls.init_device, cls.splitserve_pin_patch = pinned_init_device, True
+
+
+def _keep_affinity(module: Any) -> None:
+    cls = module.NixlBaseConnectorWorker
+    if getattr(cls, "splitserve_affinity_patch", False):
+        return
+    init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        before = os.sched_getaffinity(0)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            if os.sched_getaffinity(0) != before:
+                os.sched_setaffinity(0, before)
+                log.debug("NIXL connector: compute thread kept on cores %s", sorted(before))
+
+    cls.__init__, cls.splitserve_affinity_patch = __init__, True
+
+
+def patch_cpu_worker_affinity() -> None:
+    """Keep each CPU engine worker's compute thread on its own cores (now or on import).
+
+    vLLM binds a CPU worker's threads through OpenMP environment variables read when the
+    OpenMP runtime loads, which a worker forked from its EngineCore (`fork_engine_workers`)
+    loaded before they were set: the thread is then unbound. So the worker pins its thread to
+    its rank's group of `VLLM_CPU_OMP_THREADS_BIND` once its device is set up. And vLLM's NIXL
+    connector worker, on the CPU, moves the calling thread (the worker's one compute thread
+    with one core per rank) to the last core of its NUMA node, "reserved for KV transfer":
+    every disaggregated engine on a node then computes on that same core. The connector keeps
+    the thread's cores instead."""
+    _when_imported(CPU_WORKER, _pin_to_rank_cores)
+    _when_imported(NIXL_WORKER, _keep_affinity)
+
+
 FORK_WORKERS_ENV = "SPLITSERVE_FORK_ENGINE_WORKERS"
 MQ_WAIT_ENV = "SPLITSERVE_MQ_WAIT_MS"  # experimental, off unless set (BENCHMARKS.md)
 SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
@@ -257,4 +336,5 @@ def register() -> None:
     patch_mq_sleep()
     patch_nixl_progress_delay()
     patch_cpu_seeded_sampling()
+    patch_cpu_worker_affinity()
     kv_telemetry.install()

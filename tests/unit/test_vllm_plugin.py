@@ -157,3 +157,84 @@ def test_experimental_mq_sleep_makes_readers_wait_on_their_socket(monkeypatch) -
 def test_mq_untouched_by_default(monkeypatch) -> None:
     monkeypatch.delenv(vllm_plugin.MQ_WAIT_ENV, raising=False)
     assert not vllm_plugin.patch_mq_sleep()
+
+
+@pytest.mark.parametrize(
+    ("bind", "rank", "cores"),
+    [("0|1", 0, {0}), ("0|1", 1, {1}), ("0-3|4-7", 1, {4, 5, 6, 7}), ("0,2-3", 0, {0, 2, 3}),
+     ("auto", 0, None), ("nobind", 0, None), (None, 0, None), ("0", 1, None)],
+)
+def test_rank_cores_reads_the_bind_variable(bind, rank, cores) -> None:
+    assert vllm_plugin.rank_cores(bind, rank) == cores
+
+
+def _in_thread(fn):
+    """`fn()`'s result, run in a fresh thread (affinity is per thread: the test's own thread
+    keeps its cores)."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+
+
+@two_cores
+def test_the_nixl_connector_worker_keeps_the_threads_cores() -> None:
+    """vLLM's connector worker moves the calling thread to the node's last core; patched, the
+    thread keeps the cores it had (the real class is patched the same way when imported)."""
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+
+    class NixlBaseConnectorWorker:
+        def __init__(self) -> None:
+            os.sched_setaffinity(0, {last})  # what vLLM does on the CPU
+
+    module = type(sys)("fake_nixl_worker")
+    module.NixlBaseConnectorWorker = NixlBaseConnectorWorker
+
+    def build() -> tuple[set[int], set[int]]:
+        os.sched_setaffinity(0, {first})
+        NixlBaseConnectorWorker()
+        unpatched = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {first})
+        vllm_plugin._keep_affinity(module)
+        vllm_plugin._keep_affinity(module)  # idempotent
+        NixlBaseConnectorWorker()
+        return unpatched, os.sched_getaffinity(0)
+
+    assert _in_thread(build) == ({last}, {first})
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    vllm_plugin.patch_cpu_worker_affinity()
+    assert base_worker.NixlBaseConnectorWorker.splitserve_affinity_patch
+
+
+@two_cores
+def test_a_cpu_worker_pins_its_compute_thread_to_its_ranks_cores(monkeypatch) -> None:
+    """A worker forked from its EngineCore is not bound by OpenMP's variables; patched, its
+    `init_device` pins the thread to its rank's group of VLLM_CPU_OMP_THREADS_BIND."""
+    cores = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}|{cores[1]}")
+
+    class CPUWorker:
+        def __init__(self, local_rank: int) -> None:
+            self.local_rank = local_rank
+
+        def init_device(self) -> str:
+            return "ready"
+
+    module = type(sys)("fake_cpu_worker")
+    module.CPUWorker = CPUWorker
+    vllm_plugin._pin_to_rank_cores(module)
+
+    def start(rank: int):
+        return CPUWorker(rank).init_device(), os.sched_getaffinity(0)
+
+    assert _in_thread(lambda: start(1)) == ("ready", {cores[1]})
+    assert _in_thread(lambda: start(0)) == ("ready", {cores[0]})
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")  # vLLM binds: left alone
+    assert _in_thread(lambda: start(0)) == ("ready", set(cores))
