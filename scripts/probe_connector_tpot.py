@@ -7,6 +7,10 @@ agent with its progress thread). This probe runs one engine, configured as the d
 configures a decode engine (`engine_spec`, `engine_kwargs`, `engine_env`), with and without
 the connector, and times decode steps at several numbers of concurrent streams. No KV moves in
 either variant, so any difference is the connector's per-step cost.
+(The doubling itself turned out to be placement, not per-step cost: vLLM's connector moved
+every engine's compute thread to the node's last core, so both disaggregated engines shared it.
+This probe binds its engine to `--core`, default 1, that same core, and so could not see it.
+The vLLM plugin now keeps each engine on its own cores; BENCHMARKS.md, session 7.)
 
 Each variant runs in its own process (a fresh engine, bound to the same core); variants
 alternate over `--rounds` so that the machine's noise falls on both. Prints one line per
