@@ -111,19 +111,18 @@ class Dispatcher:
             prefill_streams=self._offloaded,
         )
 
-    def _path(self, req: GenerateRequest) -> PrefillPath:
+    def _path(self, req: GenerateRequest, load: PoolLoad) -> PrefillPath:
         if "prefill" not in self.pools:
             return PrefillPath.COLOCATED
         return prefill_path(
             prompt_tokens=len(req.prompt_token_ids),
             expected_cached_tokens=0,
-            load=self.load(),
+            load=load,
             cfg=self.disagg,
         )
 
-    def _coalesced(self, req: GenerateRequest, pool: str) -> GenerateRequest:
+    def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
         """`req` with the tokens per streamed chunk that `pool`'s load calls for (counted)."""
-        load = self.load()
         if pool == "prefill":
             streams, replicas = load.prefill_streams, load.prefill_replicas
         else:
@@ -143,9 +142,10 @@ class Dispatcher:
         weighted fair order); a full decode queue is the client's 429/503. `trace_context`: the
         request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
-        path = self._path(req)
+        load = self.load()  # one view of the pools for both decisions
+        path = self._path(req, load)
         n_prompt = len(req.prompt_token_ids)
-        req = self._coalesced(req, path.pool)
+        req = self._coalesced(req, path.pool, load)
         self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
         if path is not PrefillPath.COLOCATED:
             self.metrics.disagg_reasons.labels(reason=path.value).inc()

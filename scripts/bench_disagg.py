@@ -209,12 +209,9 @@ def format_rounds(combined: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def run_config(
-    args: argparse.Namespace, name: str, out: Path, seed: int | None = None
-) -> dict[str, dict]:
+def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dict[str, dict]:
     """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset, each with
     the policy's decisions per rate (`decisions`: reason -> requests, warm-up excluded)."""
-    seed = args.seed if seed is None else seed
     sweeps = {}
     cfg = test_config(**CONFIGS[name])
     start = time.perf_counter()
