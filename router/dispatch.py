@@ -47,6 +47,7 @@ from splitserve.router.tracing import (
     ATTEMPT,
     DECODE,
     DISPATCH,
+    ENGINE_TTFT,
     FALLBACK,
     FALLBACK_REASON,
     FIRST_TOKEN,
@@ -262,7 +263,7 @@ class Dispatcher:
     ) -> AsyncIterator[GenerateChunk]:
         """One worker call on `pool`: its chunks, traced as the `hop` span (ended here).
         Closing the iterator cancels the worker request."""
-        n_out, kv_bytes, last, first, first_ns = 0, 0, None, None, None
+        n_out, kv_bytes, last, first, first_ns, engine_ttft = 0, 0, None, None, None, None
         gen = self.pools[pool].options(stream=True).generate.remote(req)
         try:
             async for chunk in gen:
@@ -276,6 +277,9 @@ class Dispatcher:
                 if chunk.token_ids and first is None:
                     first, first_ns = time.perf_counter(), time.time_ns()
                     hop.add_event(FIRST_TOKEN, timestamp=first_ns)
+                if chunk.engine_ttft_s is not None:
+                    engine_ttft = chunk.engine_ttft_s
+                    self.metrics.engine_ttft.labels(pool=pool, hop="generate").observe(engine_ttft)
                 n_out += len(chunk.token_ids)
                 last = chunk
                 yield chunk
@@ -288,7 +292,7 @@ class Dispatcher:
                 hop.set_attributes(decode_attributes(
                     last, kv_bytes=kv_bytes, output_tokens=n_out,
                     remote=req.kv_transfer_params is not None,
-                    ttft_s=None if first is None else first - start,
+                    ttft_s=None if first is None else first - start, engine_ttft_s=engine_ttft,
                 ))
                 self.tracing.kv_transfer(hop, last, req.kv_transfer_params, end_ns=first_ns)
             hop.end()
@@ -384,6 +388,10 @@ class Dispatcher:
         try:
             async for chunk in gen:
                 params = chunk.kv_transfer_params or params
+                if chunk.engine_ttft_s is not None:
+                    self.metrics.engine_ttft.labels(pool="prefill", hop="prefill").observe(
+                        chunk.engine_ttft_s)
+                    span.set_attribute(ENGINE_TTFT, chunk.engine_ttft_s)
                 if chunk.replica:
                     span.set_attribute(REPLICA, chunk.replica)
         except BaseException:

@@ -75,6 +75,17 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.engine_ttft = Histogram(
+            "splitserve_engine_time_to_first_token_seconds",
+            "The engine's own part of a hop's time to first token, as the worker's vLLM engine "
+            "measured it (arrival in the engine to the first token's output), per pool and hop "
+            "(`prefill`: a remote prefill try; `generate`: the hop that streams the tokens). "
+            "The rest of `splitserve_pool_time_to_first_token_seconds` is the gate and the hops "
+            "between router and worker.",
+            ["pool", "hop"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.pool_tpot = Histogram(
             "splitserve_pool_time_per_output_token_seconds",
             "Mean time per output token of a request's decode hop, per pool.",

@@ -105,6 +105,7 @@ KV_SECONDS = "splitserve.kv_transfer.duration_s"  # measured by the connector (p
 KV_RECOMPUTED = "splitserve.kv.recomputed"  # the decode engine recomputed the handoff's prompt
 CACHED_TOKENS = "splitserve.cached_tokens"
 TTFT = "splitserve.time_to_first_token_s"
+ENGINE_TTFT = "splitserve.engine.time_to_first_token_s"  # the engine's own part of TTFT
 
 # The router's endpoint names (`Router._serve`) -> (HTTP route, GenAI operation name).
 _ROUTES = {
@@ -388,10 +389,11 @@ NOOP_TRACING = Tracing()
 
 def decode_attributes(
     last: GenerateChunk | None, *, kv_bytes: int, output_tokens: int, ttft_s: float | None,
-    remote: bool,
+    remote: bool, engine_ttft_s: float | None = None,
 ) -> dict[str, Any]:
     """The decode span's closing attributes: what the decode worker reported (its replica, the
-    prompt tokens it had cached or received, the KV bytes its connector pulled over NIXL)."""
+    prompt tokens it had cached or received, the KV bytes its connector pulled over NIXL, its
+    engine's own time to first token)."""
     attrs: dict[str, Any] = {
         PREFILL_REMOTE: remote, KV_BYTES: kv_bytes, GENAI_OUTPUT_TOKENS: output_tokens,
     }
@@ -403,6 +405,8 @@ def decode_attributes(
             attrs[GENAI_FINISH_REASONS] = (last.finish_reason,)
     if ttft_s is not None:
         attrs[TTFT] = ttft_s
+    if engine_ttft_s is not None:
+        attrs[ENGINE_TTFT] = engine_ttft_s
     return attrs
 
 

@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_disagg.py [--preset NAME ...] [--configs a,b,c]
         [--rates 0.5,1,2,4] [--num-requests 30] [--ttft-slo-ms 1000] [--tpot-slo-ms 100]
         [--seed 0] [--warmup 4] [--rounds 1] [--out bench-results/disagg]
+        [--set KEY=VALUE ...]
 
 Configurations, deployed one after another on this machine (Ray in this process, through
 `tests.conftest.running_deployment`, on a free port), each with two engines:
@@ -44,7 +45,11 @@ Writes, under --out:
     <preset>.png      SLO attainment and goodput vs rate, one line per configuration
 
 The conditional policy's decisions (remote, short, spill, offload, ...) per rate are read from
-the router's /metrics, printed, and kept in comparison.json (`decisions`).
+the router's /metrics, printed, and kept in comparison.json (`decisions`), and so is where the
+first token's time went (`ttft_parts`): per pool that generated tokens, the mean time from its
+admission gate to the first token (`splitserve_pool_time_to_first_token_seconds`; the prefill
+pool's also counts remote prefills up to their handoff) against the engine's own mean part
+(`splitserve_engine_time_to_first_token_seconds`, as vLLM measured it in the worker).
 
 Time: about (engine start ~1 min + presets x sum over rates of num_requests / rate) per
 configuration; the defaults take roughly 15 minutes on 2 cores. The load generator shares
@@ -63,6 +68,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +119,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="unmeasured requests per preset")
     p.add_argument("--rounds", type=int, default=1, help="interleaved repeats of the comparison")
     p.add_argument("--out", default="bench-results/disagg")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dotted config override for every configuration (YAML value), e.g. "
+                   "tracing.file=/tmp/spans.jsonl; repeatable")
     args = p.parse_args(argv)
+    args.set = dict(parse_override(item, p) for item in args.set)
     args.preset = args.preset or list(PRESETS)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = set(args.configs) - set(CONFIGS)
@@ -145,16 +155,46 @@ def bench_config(
     )
 
 
-def decision_counts(base_url: str) -> Counter[str]:
-    """The router's conditional-disaggregation decisions so far, by reason (`/metrics`)."""
+def router_counters(base_url: str) -> Counter[str]:
+    """What the router has counted so far (`/metrics`) that the comparison reads per rate:
+    the conditional-disaggregation decisions by reason (`reason:<r>`), and per pool the count
+    and sum of its first-token times (`pool_ttft:<pool>:count|sum`) and of the engines' own part
+    of them on the generating hop (`engine_ttft:<pool>:count|sum`)."""
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
     counts: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
-        if family.name == "splitserve_disagg_reasons":
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    counts[sample.labels["reason"]] += int(sample.value)
+        for sample in family.samples:
+            labels = sample.labels
+            if family.name == "splitserve_disagg_reasons" and sample.name.endswith("_total"):
+                counts[f"reason:{labels['reason']}"] += int(sample.value)
+            elif family.name == "splitserve_pool_time_to_first_token_seconds":
+                field = sample.name.rsplit("_", 1)[1]
+                if field in ("count", "sum"):
+                    counts[f"pool_ttft:{labels['pool']}:{field}"] += sample.value
+            elif (family.name == "splitserve_engine_time_to_first_token_seconds"
+                  and labels.get("hop") == "generate"):
+                field = sample.name.rsplit("_", 1)[1]
+                if field in ("count", "sum"):
+                    counts[f"engine_ttft:{labels['pool']}:{field}"] += sample.value
     return counts
+
+
+def rate_figures(delta: Counter[str]) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
+    """One rate's counter increments as (decisions by reason, and per pool the requests whose
+    first token it generated with the mean first-token time at the router's gate and the
+    engine's own mean part of it, in ms)."""
+    decisions = {k.split(":", 1)[1]: int(v) for k, v in delta.items() if k.startswith("reason:")}
+    ttft: dict[str, dict[str, float]] = {}
+    for pool in ("prefill", "decode"):
+        n = delta.get(f"engine_ttft:{pool}:count", 0)
+        if n:
+            ttft[pool] = {
+                "requests": int(n),
+                "pool_ttft_mean_ms": round(1e3 * delta[f"pool_ttft:{pool}:sum"]
+                                           / max(delta[f"pool_ttft:{pool}:count"], 1), 1),
+                "engine_ttft_mean_ms": round(1e3 * delta[f"engine_ttft:{pool}:sum"] / n, 1),
+            }
+    return decisions, ttft
 
 
 def round_order(configs: list[str], round_index: int) -> list[str]:
@@ -209,11 +249,19 @@ def format_rounds(combined: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def parse_override(item: str, parser: argparse.ArgumentParser) -> tuple[str, object]:
+    """`KEY=VALUE` as (key, the value read as YAML)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        parser.error(f"--set {item!r}: expected KEY=VALUE")
+    return key.strip(), yaml.safe_load(value)
+
+
 def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dict[str, dict]:
     """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset, each with
     the policy's decisions per rate (`decisions`: reason -> requests, warm-up excluded)."""
     sweeps = {}
-    cfg = test_config(**CONFIGS[name])
+    cfg = test_config(**{**CONFIGS[name], **args.set})
     start = time.perf_counter()
     with running_deployment(cfg) as base:
         print(f"[{name}] ready after {time.perf_counter() - start:.0f} s ({base})", flush=True)
@@ -221,19 +269,24 @@ def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dic
             bench = bench_config(args, base, preset, out / name / preset, seed)
             run_warmup(bench)
             decisions: dict[str, dict[str, int]] = {}
-            seen = [decision_counts(base)]
+            ttft_parts: dict[str, dict[str, dict[str, float]]] = {}
+            seen = [router_counters(base)]
 
-            def on_rate(rate: float, _summary: dict, seen=seen, decisions=decisions) -> None:
-                now = decision_counts(base)
-                decisions[str(rate)] = dict(now - seen[0])
+            def on_rate(rate: float, _summary: dict, seen=seen, decisions=decisions,
+                        ttft_parts=ttft_parts) -> None:
+                now = router_counters(base)
+                decisions[str(rate)], ttft_parts[str(rate)] = rate_figures(now - seen[0])
                 seen[0] = now
 
             sweep = run_sweep(bench, on_rate)
             print(f"[{name}] {preset}\n{format_sweep(sweep)}", flush=True)
             if any(decisions.values()):
                 print(f"[{name}] {preset} decisions by rate: {decisions}", flush=True)
+            print(f"[{name}] {preset} TTFT at the pool's gate vs the engine's own part, by "
+                  f"rate: {ttft_parts}", flush=True)
             sweeps[preset] = {k: v for k, v in sweep.items() if k != "config"}
             sweeps[preset]["decisions"] = decisions
+            sweeps[preset]["ttft_parts"] = ttft_parts
     return sweeps
 
 

@@ -126,6 +126,14 @@ def kv_capacity_tokens(vllm_config) -> int:
     return int(cache.num_gpu_blocks or 0) * int(cache.block_size or 0)
 
 
+def first_token_latency(out) -> float | None:
+    """vLLM's first-token latency of a `RequestOutput` (seconds from the request's arrival in
+    the engine to its first token's output), or None when the engine keeps no request stats."""
+    stats = getattr(out, "metrics", None)
+    latency = getattr(stats, "first_token_latency", 0.0) if stats is not None else 0.0
+    return float(latency) if latency and latency > 0 else None
+
+
 def _remote_blocks(params: dict[str, Any] | None) -> int:
     """Blocks a decode request pulls from its prefill worker (0 for a local prefill)."""
     if not params or not params.get("do_remote_prefill"):
@@ -223,6 +231,7 @@ class EngineHost:
                 prompt["cache_salt"] = req.cache_salt
             pulled = _remote_blocks(kv_params) * self.kv_block_bytes
             lora = self._lora_request(req.lora)
+            first_out = True
             async for out in self.engine.generate(
                 prompt, params, request_id=req.request_id, lora_request=lora
             ):
@@ -233,6 +242,10 @@ class EngineHost:
                 done = out.finished
                 measured = self._stats.pop_request_transfer(req.request_id) if done else None
                 recomputed = self._recomputed(req, expired, measured) if done else None
+                engine_ttft = None
+                if first_out and comp.token_ids:
+                    first_out = False
+                    engine_ttft = first_token_latency(out)
                 yield GenerateChunk(
                     token_ids=tuple(comp.token_ids),
                     text=comp.text,
@@ -245,6 +258,7 @@ class EngineHost:
                     kv_recomputed=recomputed,
                     kv_transfer_params=out.kv_transfer_params if done else None,
                     logprobs=logprobs,
+                    engine_ttft_s=engine_ttft,
                 )
             if lora is not None:  # the engine may have loaded it just now
                 self._loaded_loras = sorted(await self.engine.list_loras())

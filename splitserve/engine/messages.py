@@ -143,6 +143,9 @@ class GenerateChunk:
     kv_recomputed: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id (when asked for)
     index: int = 0  # the choice this chunk belongs to (requests with n > 1)
+    # First chunk with tokens: the engine's own time to first token (vLLM's first-token latency:
+    # from the request's arrival in the engine to its first token's output); None otherwise.
+    engine_ttft_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import asyncio
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from tests.conftest import direct_greedy, shared_deployment, test_config
@@ -57,13 +58,23 @@ def _stats(pool: str):
     return serve.get_deployment_handle(pool, app_name="splitserve").stats.remote().result()
 
 
+def _samples(deployment: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The router's `/metrics` samples named `name`, by their sorted labels."""
+    text = httpx.get(f"{deployment}/metrics", timeout=30).text
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+        if s.name == name
+    }
+
+
+def _by_label(deployment: str, name: str, label: str) -> dict[str, float]:
+    """Sample values of `name` keyed by one label's value."""
+    return {dict(ls)[label]: v for ls, v in _samples(deployment, name).items()}
+
+
 def _decisions(deployment: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(f"{deployment}/metrics").text.splitlines():
-        if line.startswith("splitserve_disagg_decisions_total{"):
-            path = line.split('path="')[1].split('"')[0]
-            out[path] = float(line.rsplit(" ", 1)[1])
-    return out
+    return _by_label(deployment, "splitserve_disagg_decisions_total", "path")
 
 
 def test_health_lists_both_pools(deployment):
@@ -72,12 +83,23 @@ def test_health_lists_both_pools(deployment):
 
 def _kv_histogram(deployment: str) -> tuple[float, float]:
     """(count, sum) of the router's per-request KV-transfer bytes histogram."""
-    values = {}
-    for line in httpx.get(f"{deployment}/metrics").text.splitlines():
-        for field in ("count", "sum"):
-            if line.startswith(f"splitserve_kv_transfer_bytes_{field} "):
-                values[field] = float(line.rsplit(" ", 1)[1])
-    return values.get("count", 0.0), values.get("sum", 0.0)
+    return tuple(  # type: ignore[return-value]
+        sum(_samples(deployment, f"splitserve_kv_transfer_bytes_{field}").values())
+        for field in ("count", "sum")
+    )
+
+
+def _ttft_sums(deployment: str) -> tuple[float, float, float]:
+    """(count, sum) of the decode engines' own first-token latencies as the workers reported
+    them, and the sum of the decode pool's first-token times as the router measured them."""
+    engine = {("hop", "generate"), ("pool", "decode")}
+    name = "splitserve_engine_time_to_first_token_seconds"
+    count, total = (
+        sum(v for ls, v in _samples(deployment, f"{name}_{field}").items() if engine <= set(ls))
+        for field in ("count", "sum")
+    )
+    pool = _by_label(deployment, "splitserve_pool_time_to_first_token_seconds_sum", "pool")
+    return count, total, pool.get("decode", 0.0)
 
 
 def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, client):
@@ -120,11 +142,18 @@ def _prompt_ids(client, prompt: str) -> list[int]:
 
 def test_short_prompt_prefills_locally(deployment, client):
     before, kv_before = _decisions(deployment), _stats("decode").kv_bytes_received
+    ttft_before = _ttft_sums(deployment)
     client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4)
     after = _decisions(deployment)
     assert after.get("local", 0) == before.get("local", 0) + 1
     assert after.get("remote", 0) == before.get("remote", 0)
     assert _stats("decode").kv_bytes_received == kv_before
+    # The decode engine reported its own part of the first token's time: more than nothing,
+    # at most the pool's time to first token that the router measured around it.
+    count, engine_s, pool_s = (a - b for a, b in zip(_ttft_sums(deployment), ttft_before,
+                                                      strict=True))
+    assert count == 1
+    assert 0 < engine_s <= pool_s
 
 
 def test_streamed_disaggregated_equals_whole(client):
@@ -218,13 +247,7 @@ def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
 
 
 def _interval_counts(deployment: str) -> dict[str, float]:
-    text = httpx.get(f"{deployment}/metrics", timeout=30).text
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("splitserve_stream_intervals_total{"):
-            label = line.split('tokens_per_chunk="', 1)[1].split('"', 1)[0]
-            out[label] = float(line.rsplit(" ", 1)[1])
-    return out
+    return _by_label(deployment, "splitserve_stream_intervals_total", "tokens_per_chunk")
 
 
 def test_streams_started_under_load_are_coalesced_and_keep_their_tokens(deployment):

@@ -76,9 +76,12 @@ class Pool:
             await asyncio.sleep(0)
 
 
-PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefill-0")]
+ENGINE_TTFT_S = 0.02  # what the scripted engines report as their own time to first token
+PREFILL_OK = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, replica="prefill-0",
+                            engine_ttft_s=ENGINE_TTFT_S)]
 DECODE_OK = [
-    GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0"),
+    GenerateChunk((1,), "a", num_cached_tokens=288, replica="decode-0",
+                  engine_ttft_s=ENGINE_TTFT_S),
     GenerateChunk((2,), "b", "length", num_cached_tokens=288, replica="decode-0",
                   kv_bytes=KV_BYTES, kv_transfer_s=KV_SECONDS),
 ]

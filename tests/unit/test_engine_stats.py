@@ -53,3 +53,19 @@ def test_snapshot_carries_the_engines_kv_capacity():
     # before the engine has allocated its cache vLLM leaves num_gpu_blocks unset
     unset = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=None, block_size=128))
     assert kv_capacity_tokens(unset) == 0
+
+
+def test_first_token_latency_is_read_from_vllms_request_stats():
+    """The engine's own TTFT that a worker sends with its first chunk (vLLM's RequestStateStats
+    of a real `RequestOutput`); None where the engine keeps no request stats."""
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    from splitserve.engine.host import first_token_latency
+
+    stats = RequestStateStats(arrival_time=100.0)
+    assert first_token_latency(SimpleNamespace(metrics=stats)) is None  # no first token yet
+    stats.first_token_latency = 0.125
+    assert first_token_latency(SimpleNamespace(metrics=stats)) == 0.125
+    assert first_token_latency(SimpleNamespace(metrics=None)) is None

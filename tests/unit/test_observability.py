@@ -28,6 +28,7 @@ from splitserve.router.tenancy import generate_api_key, hash_api_key
 
 from router_fakes import (
     DECODE_OK,
+    ENGINE_TTFT_S,
     PREFILL_OK,
     Pool,
     build_router,
@@ -153,6 +154,13 @@ def test_requests_of_each_outcome_move_their_counters(request_log):
         assert _value(after, "splitserve_pool_requests_running", pool=pool) == 0
         assert _value(after, "splitserve_pool_max_in_flight", pool=pool) == 64
     assert _value(after, "splitserve_pool_time_per_output_token_seconds_count", pool="decode") == 1
+    # The engines' own part of TTFT, as the workers reported it: both prefills, and the decode
+    # hops that got a first token (the cancelled one did too).
+    for pool, hop in (("prefill", "prefill"), ("decode", "generate")):
+        assert _value(after, "splitserve_engine_time_to_first_token_seconds_count",
+                      pool=pool, hop=hop) == 2
+        assert _value(after, "splitserve_engine_time_to_first_token_seconds_sum",
+                      pool=pool, hop=hop) == pytest.approx(2 * ENGINE_TTFT_S)
     assert _value(after, "splitserve_kv_transfer_bytes_count") == 1  # the cancelled: none
     assert _value(after, "splitserve_disagg_decisions_total", path="remote") == 2
     assert _value(after, "splitserve_requests_in_flight") == 0
