@@ -35,7 +35,13 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("plain", "nixl")
+# variant -> environment of the engine with the connector (None: no connector). UCX, which NIXL
+# loads, hooks malloc and mmap in the whole process by default to track registered memory.
+UCX_HOOKS_OFF = {"UCX_MEM_MALLOC_HOOKS": "no", "UCX_MEM_MMAP_HOOK_MODE": "none"}
+VARIANT_ENV: dict[str, dict[str, str] | None] = {
+    "plain": None, "nixl": {}, "nixl-hooks-off": UCX_HOOKS_OFF,
+}
+VARIANTS = tuple(VARIANT_ENV)
 PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
@@ -116,8 +122,9 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
     os.environ.update(engine_env(spec, [args.core]))
     build_tiny_model()
     kwargs = engine_kwargs(spec, resolve_model_path(spec.model, spec.tiny_variant))
-    if variant == "nixl":
+    if VARIANT_ENV[variant] is not None:
         os.environ.update(nixl_env("127.0.0.1", 15600))
+        os.environ.update(VARIANT_ENV[variant])
         kwargs["kv_transfer_config"] = KVTransferConfig(
             **nixl_transfer_config("probe-decode", "cpu")
         )
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[variant].append(res)
             cells = "  ".join(f"{s}:{v['tpot_ms']:.1f}/{v['core_cpu_ms_per_token']:.2f}"
                               for s, v in res.items())
-            print(f"round {r + 1} {variant:5s} streams:TPOT ms/EngineCore CPU ms per token  "
+            print(f"round {r + 1} {variant:14s} streams:TPOT ms/EngineCore CPU ms per token  "
                   f"{cells}", flush=True)
     print("\nCPU ms per output token by thread (medians over rounds), per stream count")
     for s in runs["plain"][0]:
@@ -187,19 +194,19 @@ def main(argv: list[str] | None = None) -> int:
             cells = [statistics.median(run[s].get("threads_cpu_ms_per_token", {}).get(name, 0.0)
                                        for run in runs[v]) for v in VARIANTS]
             if max(cells) >= 0.01:
-                print(f"{s:>7}  {name:<48} plain {cells[0]:6.2f}  nixl {cells[1]:6.2f}")
+                print(f"{s:>7}  {name:<48} " + "  ".join(
+                    f"{v} {c:6.2f}" for v, c in zip(VARIANTS, cells, strict=True)))
 
     def med(variant: str, s: str, key: str) -> float:
         return statistics.median(run[s][key] for run in runs[variant])
 
-    print("\nmedians; CPU ms per output token of the EngineCore and of its worker process")
-    print("streams  TPOT ms plain  nixl  ratio   EngineCore plain  nixl   Worker plain  nixl")
+    print("\nmedians per variant: TPOT ms / EngineCore CPU ms per output token / worker CPU ms "
+          "per output token")
+    print("streams  " + "  ".join(f"{v:>24}" for v in VARIANTS))
     for s in runs["plain"][0]:
-        tp, tn = med("plain", s, "tpot_ms"), med("nixl", s, "tpot_ms")
-        cp, cn = (med(v, s, "core_cpu_ms_per_token") for v in VARIANTS)
-        wp, wn = (med(v, s, "worker_cpu_ms_per_token") for v in VARIANTS)
-        print(f"{s:>7}  {tp:13.1f}  {tn:4.1f}  {tn / tp:5.2f}   {cp:16.2f}  {cn:4.2f}"
-              f"   {wp:12.2f}  {wn:4.2f}")
+        print(f"{s:>7}  " + "  ".join(
+            f"{med(v, s, 'tpot_ms'):8.1f} /{med(v, s, 'core_cpu_ms_per_token'):6.2f} /"
+            f"{med(v, s, 'worker_cpu_ms_per_token'):6.2f}" for v in VARIANTS))
     return 0
 
 

@@ -30,6 +30,9 @@ Mode = Literal["disaggregated", "colocated"]
 Device = Literal["auto", "cpu", "cuda"]
 
 
+DECODE_MAX_NUM_SEQS = 128  # a decode engine's sequence slots unless configured (PoolsConfig)
+
+
 class _Strict(BaseModel):
     """Base for every config section: unknown keys are errors, instances are immutable."""
 
@@ -61,7 +64,11 @@ class PoolConfig(_Strict):
     replicas: int = Field(1, ge=1, le=1024)
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
-    max_num_seqs: int = Field(64, ge=1, description="Concurrent sequences per engine.")
+    max_num_seqs: int = Field(
+        64, ge=1,
+        description="Concurrent sequences per engine (unset: 64 for prefill, "
+        f"{DECODE_MAX_NUM_SEQS} for decode, whose engines carry every stream).",
+    )
     kv_cache_gib: int = Field(
         1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
@@ -76,10 +83,23 @@ class PoolConfig(_Strict):
 
 
 class PoolsConfig(_Strict):
-    """The two pools. In colocated mode only `decode` is deployed and does both phases."""
+    """The two pools. In colocated mode only `decode` is deployed and does both phases.
+
+    A decode engine's `max_num_seqs` defaults to `DECODE_MAX_NUM_SEQS`: in a disaggregated
+    deployment it decodes every stream that a colocated engine would share with its peers, and
+    its sequence slots (the decode gate's capacity) were what capped goodput on decode-heavy
+    load (BENCHMARKS.md, session 8), not its step time.
+    """
 
     prefill: PoolConfig = PoolConfig()
-    decode: PoolConfig = PoolConfig()
+    decode: PoolConfig = PoolConfig(max_num_seqs=DECODE_MAX_NUM_SEQS)
+
+    @field_validator("decode")
+    @classmethod
+    def _decode_seqs(cls, pool: PoolConfig) -> PoolConfig:
+        if "max_num_seqs" in pool.model_fields_set:
+            return pool
+        return pool.model_copy(update={"max_num_seqs": DECODE_MAX_NUM_SEQS})
 
 
 ModelId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")]

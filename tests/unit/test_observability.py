@@ -38,6 +38,7 @@ from router_fakes import (
 )
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SLOTS = {"prefill": 64, "decode": 128}  # each pool's default max_num_seqs: its gate's capacity
 KEY, OFF_KEY = generate_api_key(), generate_api_key()
 
 
@@ -152,7 +153,7 @@ def test_requests_of_each_outcome_move_their_counters(request_log):
         assert _value(after, "splitserve_pool_time_to_first_token_seconds_count", pool=pool) == 2
         assert _value(after, "splitserve_pool_replicas", pool=pool) == 1
         assert _value(after, "splitserve_pool_requests_running", pool=pool) == 0
-        assert _value(after, "splitserve_pool_max_in_flight", pool=pool) == 64
+        assert _value(after, "splitserve_pool_max_in_flight", pool=pool) == SLOTS[pool]
     assert _value(after, "splitserve_pool_time_per_output_token_seconds_count", pool="decode") == 1
     # The engines' own part of TTFT, as the workers reported it: both prefills, and the decode
     # hops that got a first token (the cancelled one did too).

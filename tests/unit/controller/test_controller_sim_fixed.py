@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from splitserve.config import DECODE_MAX_NUM_SEQS
 from splitserve.controller.profiles import GIB, tiny_shape
 from splitserve.controller.sim.fixed import (
     CPU_PREFILL_TOKEN_BUDGET,
@@ -62,7 +63,8 @@ def test_config_maps_to_the_deployed_pools() -> None:
     d = deployment(**DISAGG)
     assert d.mode == "disaggregated" and dict(d.replicas) == {"prefill": 1, "decode": 1}
     assert d.accelerator == "cpu" and d.shape == tiny_shape()
-    assert d.max_seqs == 64 and d.prefill_budget == CPU_PREFILL_TOKEN_BUDGET == 2048
+    assert d.max_seqs == DECODE_MAX_NUM_SEQS == 128  # the decode pool's slots, for every pool
+    assert d.prefill_budget == CPU_PREFILL_TOKEN_BUDGET == 2048
     assert d.kv_cache_bytes == GIB and d.routing.min_remote_prompt_tokens == 0
     assert not d.routing.spill_to_decode and not d.routing.offload_to_prefill
     assert d.slo.ttft_s == 1.0 and d.slo.tpot_s == 0.1
