@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+import proc_cpu  # scripts/proc_cpu.py: this script's folder is on sys.path
 
 # variant -> environment of the engine with the connector (None: no connector). UCX, which NIXL
 # loads, hooks malloc and mmap in the whole process by default to track registered memory.
@@ -45,22 +46,18 @@ VARIANTS = tuple(VARIANT_ENV)
 PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
+def _owner(title: str, names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if title.startswith(n)), None)
+
+
 def cpu_seconds(names: tuple[str, ...] = PROCESSES) -> dict[str, float]:
     """CPU seconds (user + system) used so far by the processes whose title starts with each
     name (vLLM sets its processes' titles), summed per name."""
-    hz = os.sysconf("SC_CLK_TCK")
     out = dict.fromkeys(names, 0.0)
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat.replace("stat", "cmdline"), "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-            with open(stat) as f:
-                fields = f.read().rsplit(") ", 1)[1].split()
-        except OSError:
-            continue
-        for name in names:
-            if title.startswith(name):
-                out[name] += (int(fields[11]) + int(fields[12])) / hz
+    for task in proc_cpu.tasks():
+        name = _owner(task.title, names)
+        if name is not None:
+            out[name] += task.cpu_s
     return out
 
 
@@ -68,27 +65,12 @@ def thread_cpu_seconds(names: tuple[str, ...] = PROCESSES) -> dict[str, float]:
     """CPU seconds used so far by each thread of those processes, keyed "<process>/<thread
     name>" (threads of one name summed): tells a process's compute thread from its helpers
     (NIXL's progress threads, vLLM's busy-waiting message queue, OpenMP)."""
-    hz = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        name = next((n for n in names if title.startswith(n)), None)
-        if name is None:
-            continue
-        for stat in glob.glob(cmdline.replace("cmdline", "task/[0-9]*/stat")):
-            try:
-                with open(stat) as f:
-                    head, rest = f.read().rsplit(") ", 1)
-            except OSError:
-                continue
-            thread = head.split(" (", 1)[1]
-            fields = rest.split()
-            key = f"{name}/{thread}"
-            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / hz
+    for task in proc_cpu.tasks(lambda title: _owner(title, names) is not None):
+        name = _owner(task.title, names)
+        if name is not None:
+            key = f"{name}/{task.name}"
+            out[key] = out.get(key, 0.0) + task.cpu_s
     return out
 
 

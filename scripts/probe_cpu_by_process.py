@@ -13,7 +13,6 @@ Prints the mean TPOT the client saw, then cores used per process (or engine thre
 from __future__ import annotations
 
 import asyncio
-import glob
 import os
 import statistics
 import sys
@@ -21,9 +20,10 @@ import time
 from pathlib import Path
 
 import openai
+import proc_cpu  # (scripts/proc_cpu.py: this script's folder is on sys.path)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import running_deployment, test_config  # noqa: E402
+from tests.conftest import running_deployment, test_config
 
 MODES = {
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
@@ -35,27 +35,10 @@ MODES = {
 def cpu_seconds() -> dict[tuple[str, str, str, str, str], float]:
     """CPU seconds so far: per process, and per thread for vLLM's engine processes; keyed
     (pid, process title, tid, thread name, allowed cores)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for proc in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(proc + "/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        for task in glob.glob(proc + "/task/*") if title.startswith("VLLM::") else [proc]:
-            try:
-                with open(task + "/stat") as f:
-                    fields = f.read().rsplit(") ", 1)[1].split()
-                with open(task + "/comm") as f:
-                    name = f.read().strip()
-                with open(task + "/status") as f:
-                    cores = f.read().split("Cpus_allowed_list:")[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            key = (proc[6:], title, task.rsplit("/", 1)[1], name, cores)
-            out[key] = (int(fields[11]) + int(fields[12])) / hz
-    return out
+    return {
+        (t.pid, t.title, t.tid, t.name, t.cores): t.cpu_s
+        for t in proc_cpu.tasks(lambda title: title.startswith("VLLM::"))
+    }
 
 
 async def load(base: str, streams: int, seconds: float) -> list[float]:
