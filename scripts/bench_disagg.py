@@ -159,7 +159,8 @@ def router_counters(base_url: str) -> Counter[str]:
     """What the router has counted so far (`/metrics`) that the comparison reads per rate:
     the conditional-disaggregation decisions by reason (`reason:<r>`), and per pool the count
     and sum of its first-token times (`pool_ttft:<pool>:count|sum`) and of the engines' own part
-    of them on the generating hop (`engine_ttft:<pool>:count|sum`)."""
+    of them on the generating hop (`engine_ttft:<pool>:count|sum`), and the first-token times
+    from each request's arrival at the router (`router_ttft:count|sum`, all tenants)."""
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
     counts: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
@@ -171,6 +172,10 @@ def router_counters(base_url: str) -> Counter[str]:
                 field = sample.name.rsplit("_", 1)[1]
                 if field in ("count", "sum"):
                     counts[f"pool_ttft:{labels['pool']}:{field}"] += sample.value
+            elif family.name == "splitserve_time_to_first_token_seconds":
+                field = sample.name.rsplit("_", 1)[1]
+                if field in ("count", "sum"):
+                    counts[f"router_ttft:{field}"] += sample.value
             elif (family.name == "splitserve_engine_time_to_first_token_seconds"
                   and labels.get("hop") == "generate"):
                 field = sample.name.rsplit("_", 1)[1]
@@ -182,9 +187,17 @@ def router_counters(base_url: str) -> Counter[str]:
 def rate_figures(delta: Counter[str]) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
     """One rate's counter increments as (decisions by reason, and per pool the requests whose
     first token it generated with the mean first-token time at the router's gate and the
-    engine's own mean part of it, in ms)."""
+    engine's own mean part of it, in ms). The mean from the router's arrival to the first token
+    over all requests is under "router" (`router_ttft_mean_ms`): what the client's TTFT adds
+    beyond it is the HTTP proxy's and the client's own time."""
     decisions = {k.split(":", 1)[1]: int(v) for k, v in delta.items() if k.startswith("reason:")}
     ttft: dict[str, dict[str, float]] = {}
+    if delta.get("router_ttft:count", 0):
+        ttft["router"] = {
+            "requests": int(delta["router_ttft:count"]),
+            "router_ttft_mean_ms": round(
+                1e3 * delta["router_ttft:sum"] / delta["router_ttft:count"], 1),
+        }
     for pool in ("prefill", "decode"):
         n = delta.get(f"engine_ttft:{pool}:count", 0)
         if n:

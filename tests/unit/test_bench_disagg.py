@@ -1,0 +1,50 @@
+"""scripts/bench_disagg.py: reading the router's /metrics into per-rate decisions and TTFT parts.
+
+The text is what a real `RouterMetrics` registry exposes; only the HTTP GET is replaced.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import httpx
+import pytest
+from splitserve.router.metrics import RouterMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_disagg", ROOT / "scripts" / "bench_disagg.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def serve_metrics(monkeypatch, metrics: RouterMetrics) -> None:
+    def get(url, timeout):
+        assert url.endswith("/metrics")
+        return httpx.Response(200, content=metrics.render())
+
+    monkeypatch.setattr(httpx, "get", get)
+
+
+def test_rate_figures_split_ttft_into_router_pool_and_engine(bench, monkeypatch):
+    m = RouterMetrics()
+    serve_metrics(monkeypatch, m)
+    before = bench.router_counters("http://127.0.0.1:1")
+    for ttft, pool_ttft, engine_ttft in ((0.5, 0.3, 0.1), (0.7, 0.5, 0.3)):
+        m.observe_generation(tenant="default", ttft=ttft, e2e=2.0, prompt_tokens=8,
+                             output_tokens=4)
+        m.pool_first_token("decode", pool_ttft)
+        m.engine_ttft.labels(pool="decode", hop="generate").observe(engine_ttft)
+    m.engine_ttft.labels(pool="prefill", hop="prefill").observe(9.0)  # a remote prefill's hop
+    m.disagg_reasons.labels(reason="offload").inc(3)
+    decisions, parts = bench.rate_figures(bench.router_counters("http://127.0.0.1:1") - before)
+    assert decisions == {"offload": 3}
+    assert parts["router"] == {"requests": 2, "router_ttft_mean_ms": 600.0}
+    assert parts["decode"] == {"requests": 2, "pool_ttft_mean_ms": 400.0,
+                               "engine_ttft_mean_ms": 200.0}
+    assert "prefill" not in parts  # it generated no request's first token
