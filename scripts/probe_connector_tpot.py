@@ -20,7 +20,12 @@ half) and its worker (the model, and the connector's worker half). The EngineCor
 to the engine's core, so on an idle machine its extra work does not show in TPOT; in a loaded
 deployment it competes for the same cores.
 
-    flock /tmp/engine.lock nice -n 5 .venv/bin/python scripts/probe_connector_tpot.py
+    flock /tmp/engine.lock nice -n 5 .venv/bin/python scripts/probe_connector_tpot.py \
+        [--variants plain,nixl,...] [--streams 16,32] [--rounds 2]
+
+Variants: `plain` (no connector), `nixl` (the connector as deployed), `nixl-hooks-off` (UCX's
+malloc/mmap hooks off), `nixl-tls-sm` / `nixl-tls-tcp` (UCX limited to shared memory or TCP
+transports, so each progress call polls fewer of them).
 """
 
 from __future__ import annotations
@@ -39,8 +44,10 @@ import proc_cpu  # scripts/proc_cpu.py: this script's folder is on sys.path
 # variant -> environment of the engine with the connector (None: no connector). UCX, which NIXL
 # loads, hooks malloc and mmap in the whole process by default to track registered memory.
 UCX_HOOKS_OFF = {"UCX_MEM_MALLOC_HOOKS": "no", "UCX_MEM_MMAP_HOOK_MODE": "none"}
+# UCX_TLS: the transports UCX's worker progresses on every call (unset: all it finds).
 VARIANT_ENV: dict[str, dict[str, str] | None] = {
     "plain": None, "nixl": {}, "nixl-hooks-off": UCX_HOOKS_OFF,
+    "nixl-tls-sm": {"UCX_TLS": "sm,self"}, "nixl-tls-tcp": {"UCX_TLS": "tcp,self"},
 }
 VARIANTS = tuple(VARIANT_ENV)
 PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
@@ -81,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--core", type=int, default=1, help="the core the engine runs on")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="comma-separated subset of: " + ", ".join(VARIANTS))
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -159,9 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("RESULT " + json.dumps(asyncio.run(_measure(args.child, args))), flush=True)
         return 0
-    runs: dict[str, list[dict[str, dict[str, float]]]] = {v: [] for v in VARIANTS}
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        for variant in VARIANTS:
+        for variant in variants:
             res = _run_child(variant, argv)
             runs[variant].append(res)
             cells = "  ".join(f"{s}:{v['tpot_ms']:.1f}/{v['core_cpu_ms_per_token']:.2f}"
@@ -169,26 +182,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1} {variant:14s} streams:TPOT ms/EngineCore CPU ms per token  "
                   f"{cells}", flush=True)
     print("\nCPU ms per output token by thread (medians over rounds), per stream count")
-    for s in runs["plain"][0]:
-        names = sorted({k for v in VARIANTS for run in runs[v]
+    for s in runs[variants[0]][0]:
+        names = sorted({k for v in variants for run in runs[v]
                         for k in run[s].get("threads_cpu_ms_per_token", {})})
         for name in names:
             cells = [statistics.median(run[s].get("threads_cpu_ms_per_token", {}).get(name, 0.0)
-                                       for run in runs[v]) for v in VARIANTS]
+                                       for run in runs[v]) for v in variants]
             if max(cells) >= 0.01:
                 print(f"{s:>7}  {name:<48} " + "  ".join(
-                    f"{v} {c:6.2f}" for v, c in zip(VARIANTS, cells, strict=True)))
+                    f"{v} {c:6.2f}" for v, c in zip(variants, cells, strict=True)))
 
     def med(variant: str, s: str, key: str) -> float:
         return statistics.median(run[s][key] for run in runs[variant])
 
     print("\nmedians per variant: TPOT ms / EngineCore CPU ms per output token / worker CPU ms "
           "per output token")
-    print("streams  " + "  ".join(f"{v:>24}" for v in VARIANTS))
-    for s in runs["plain"][0]:
+    print("streams  " + "  ".join(f"{v:>24}" for v in variants))
+    for s in runs[variants[0]][0]:
         print(f"{s:>7}  " + "  ".join(
             f"{med(v, s, 'tpot_ms'):8.1f} /{med(v, s, 'core_cpu_ms_per_token'):6.2f} /"
-            f"{med(v, s, 'worker_cpu_ms_per_token'):6.2f}" for v in VARIANTS))
+            f"{med(v, s, 'worker_cpu_ms_per_token'):6.2f}" for v in variants))
     return 0
 
 
