@@ -155,6 +155,18 @@ def bench_config(
     )
 
 
+def _histogram_key(family: str, labels: dict[str, str]) -> str | None:
+    """The counter prefix of one first-token histogram that the comparison reads, or None."""
+    if family == "splitserve_pool_time_to_first_token_seconds":
+        return f"pool_ttft:{labels['pool']}"
+    if family == "splitserve_time_to_first_token_seconds":
+        return "router_ttft"  # all tenants summed
+    if (family == "splitserve_engine_time_to_first_token_seconds"
+            and labels.get("hop") == "generate"):
+        return f"engine_ttft:{labels['pool']}"
+    return None
+
+
 def router_counters(base_url: str) -> Counter[str]:
     """What the router has counted so far (`/metrics`) that the comparison reads per rate:
     the conditional-disaggregation decisions by reason (`reason:<r>`), and per pool the count
@@ -168,19 +180,11 @@ def router_counters(base_url: str) -> Counter[str]:
             labels = sample.labels
             if family.name == "splitserve_disagg_reasons" and sample.name.endswith("_total"):
                 counts[f"reason:{labels['reason']}"] += int(sample.value)
-            elif family.name == "splitserve_pool_time_to_first_token_seconds":
-                field = sample.name.rsplit("_", 1)[1]
-                if field in ("count", "sum"):
-                    counts[f"pool_ttft:{labels['pool']}:{field}"] += sample.value
-            elif family.name == "splitserve_time_to_first_token_seconds":
-                field = sample.name.rsplit("_", 1)[1]
-                if field in ("count", "sum"):
-                    counts[f"router_ttft:{field}"] += sample.value
-            elif (family.name == "splitserve_engine_time_to_first_token_seconds"
-                  and labels.get("hop") == "generate"):
-                field = sample.name.rsplit("_", 1)[1]
-                if field in ("count", "sum"):
-                    counts[f"engine_ttft:{labels['pool']}:{field}"] += sample.value
+                continue
+            key = _histogram_key(family.name, labels)
+            field = sample.name.rsplit("_", 1)[1]
+            if key is not None and field in ("count", "sum"):
+                counts[f"{key}:{field}"] += sample.value
     return counts
 
 

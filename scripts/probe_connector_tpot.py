@@ -54,6 +54,7 @@ PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
 def _owner(title: str, names: tuple[str, ...]) -> str | None:
+    """The first of `names` that the process title starts with (None: not one of them)."""
     return next((n for n in names if title.startswith(n)), None)
 
 
@@ -73,9 +74,9 @@ def thread_cpu_seconds(names: tuple[str, ...] = PROCESSES) -> dict[str, float]:
     name>" (threads of one name summed): tells a process's compute thread from its helpers
     (NIXL's progress threads, vLLM's busy-waiting message queue, OpenMP)."""
     out: dict[str, float] = {}
-    for task in proc_cpu.tasks(lambda title: _owner(title, names) is not None):
+    for task in proc_cpu.tasks(lambda title: title.startswith(names)):
         name = _owner(task.title, names)
-        if name is not None:
+        if name is not None:  # every other process comes whole, not split into threads
             key = f"{name}/{task.name}"
             out[key] = out.get(key, 0.0) + task.cpu_s
     return out

@@ -5,22 +5,16 @@ The text is what a real `RouterMetrics` registry exposes; only the HTTP GET is r
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import httpx
 import pytest
 from splitserve.router.metrics import RouterMetrics
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_disagg", ROOT / "scripts" / "bench_disagg.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_disagg")
 
 
 def serve_metrics(monkeypatch, metrics: RouterMetrics) -> None:

@@ -4,7 +4,6 @@ on a synthetic measured directory."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import deque
 from dataclasses import replace
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from splitserve.config import DECODE_MAX_NUM_SEQS
 from splitserve.controller.profiles import GIB, tiny_shape
 from splitserve.controller.sim.fixed import (
     CPU_PREFILL_TOKEN_BUDGET,
@@ -23,9 +21,9 @@ from splitserve.controller.sim.fixed import (
 from splitserve.controller.sim.replica import Replica
 from splitserve.controller.sim.trace import replay_trace
 
-from splitserve.config import load_config
+from splitserve.config import DECODE_MAX_NUM_SEQS, load_config
+from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[3]
 # scripts/bench_disagg.py's configurations: every prompt remote / the default policy.
 DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0,
           "disaggregation.spill_to_decode": False, "disaggregation.offload_to_prefill": False}
@@ -183,12 +181,8 @@ def test_one_offloaded_request_costs_what_a_colocated_one_does() -> None:
 
 # --- scripts/sim_vs_measured.py ----------------------------------------------------------------
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("sim_vs_measured",
-                                                  ROOT / "scripts" / "sim_vs_measured.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def sim_vs_measured():
+    return load_script("sim_vs_measured")
 
 
 def write_point(root: Path, config: str, preset: str, rate: float, prompt: int, output: int,
@@ -208,14 +202,14 @@ def write_point(root: Path, config: str, preset: str, rate: float, prompt: int, 
 
 
 def test_script_helpers() -> None:
-    s = load_script()
+    s = sim_vs_measured()
     assert s.cached_tokens(1536, True) == 1408 and s.cached_tokens(1536, False) == 0
     assert s.cached_tokens(128, True) == 0 and s.cached_tokens(129, True) == 128
     assert s.pct_error(90.0, 100.0) == pytest.approx(-10.0) and s.pct_error(1.0, 0.0) is None
 
 
 def test_script_compares_every_measured_point(tmp_path: Path, capsys) -> None:
-    s = load_script()
+    s = sim_vs_measured()
     configs = {"disagg": DISAGG, "conditional": CONDITIONAL}
     (tmp_path / "comparison.json").write_text(json.dumps({"configs": configs}))
     write_point(tmp_path, "disagg", "long", 0.5, 1536, 4, 500.0, 1.0, jsonl=True)

@@ -3,7 +3,6 @@ colocated, disaggregated and conditional deployments the planner sizes, and the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,9 +12,9 @@ from splitserve.controller.sim import Scenario, TraceSpec, build
 from splitserve.controller.sim.mixes import MIXES, Mix, compare_mixes, format_table, run_arm
 
 from splitserve.config import DisaggregationConfig
+from tests.scripts import load_script
 
 LOOSE = Slo(1.0, 0.1)
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "sim_mixes.py"
 
 
 def small_arm(mix: Mix, arm: str, **kw):
@@ -59,10 +58,7 @@ def test_table_has_one_row_per_mix_and_slo() -> None:
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sim_mixes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sim_mixes")
 
 
 def test_script_prints_the_table_and_writes_json(tmp_path: Path, capsys) -> None:
