@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_disagg.py [--preset NAME ...] [--configs a,b,c]
         [--rates 0.5,1,2,4] [--num-requests 30] [--ttft-slo-ms 1000] [--tpot-slo-ms 100]
         [--seed 0] [--warmup 4] [--rounds 1] [--out bench-results/disagg]
-        [--set KEY=VALUE ...]
+        [--set KEY=VALUE ...] [--env KEY=VALUE ...]
 
 Configurations, deployed one after another on this machine (Ray in this process, through
 `tests.conftest.running_deployment`, on a free port), each with two engines:
@@ -122,8 +122,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dotted config override for every configuration (YAML value), e.g. "
                    "tracing.file=/tmp/spans.jsonl; repeatable")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for every configuration's processes (Ray, "
+                   "its replicas and their engines inherit it), e.g. SPLITSERVE_MQ_WAIT_MS=2; "
+                   "repeatable")
     args = p.parse_args(argv)
-    args.set = dict(parse_override(item, p) for item in args.set)
+    args.set = {k: yaml.safe_load(v) for k, v in (parse_pair(i, p, "--set") for i in args.set)}
+    args.env = dict(parse_pair(item, p, "--env") for item in args.env)
     args.preset = args.preset or list(PRESETS)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = set(args.configs) - set(CONFIGS)
@@ -266,12 +271,12 @@ def format_rounds(combined: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def parse_override(item: str, parser: argparse.ArgumentParser) -> tuple[str, object]:
-    """`KEY=VALUE` as (key, the value read as YAML)."""
+def parse_pair(item: str, parser: argparse.ArgumentParser, flag: str) -> tuple[str, str]:
+    """`KEY=VALUE` (the argument of `flag`) as (key, value)."""
     key, sep, value = item.partition("=")
-    if not sep or not key:
-        parser.error(f"--set {item!r}: expected KEY=VALUE")
-    return key.strip(), yaml.safe_load(value)
+    if not sep or not key.strip():
+        parser.error(f"{flag} {item!r}: expected KEY=VALUE")
+    return key.strip(), value
 
 
 def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dict[str, dict]:
@@ -319,6 +324,8 @@ def write_comparison(
         "seed": args.seed,
         "presets": {p: PRESETS[p] for p in args.preset},
         "configs": {c: CONFIGS[c] for c in args.configs},
+        "overrides": args.set,
+        "env": args.env,
         "results": results,
         "rounds": rounds,
     })
@@ -332,6 +339,7 @@ def write_comparison(
 def main(argv: list[str] | None = None) -> None:
     """Run every configuration in turn (per round); results are written after each one."""
     args = parse_args(argv)
+    os.environ.update(args.env)  # before Ray starts: every process of every deployment has it
     out = Path(args.out)
     rounds: list[dict[str, dict]] = []
     for r in range(args.rounds):

@@ -42,3 +42,18 @@ def test_rate_figures_split_ttft_into_router_pool_and_engine(bench, monkeypatch)
     assert parts["decode"] == {"requests": 2, "pool_ttft_mean_ms": 400.0,
                                "engine_ttft_mean_ms": 200.0}
     assert "prefill" not in parts  # it generated no request's first token
+
+
+def test_set_values_read_as_yaml_env_values_kept_as_strings(bench):
+    args = bench.parse_args(["--set", "pools.decode.max_num_seqs=128", "--set", "a.b=off",
+                             "--env", "SPLITSERVE_MQ_WAIT_MS=2", "--env", "X=a=b"])
+    assert args.set == {"pools.decode.max_num_seqs": 128, "a.b": False}
+    assert args.env == {"SPLITSERVE_MQ_WAIT_MS": "2", "X": "a=b"}
+
+
+@pytest.mark.parametrize("flag", ["--set", "--env"])
+def test_a_pair_without_a_key_is_a_usage_error(bench, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args([flag, "=2"])
+    assert exc.value.code == 2
+    assert f"{flag} '=2': expected KEY=VALUE" in capsys.readouterr().err
