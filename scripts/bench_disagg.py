@@ -19,6 +19,8 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
     <any>-per-token  that configuration without adaptive token coalescing (router.streaming:
                  every token its own streamed chunk)
+    <any>-spin   that configuration with vLLM's busy-wait between each engine's scheduler and
+                 worker (pools.*.step_wait_ms 0; the default before session 10)
 
 Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact output lengths:
 
@@ -98,11 +100,19 @@ CONFIGS = {
     # the default policy plus whole requests on an idle prefill engine (off by default)
     "conditional-offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
 }
+BASE_CONFIGS = tuple(CONFIGS)
 # Each configuration also without adaptive token coalescing (router.streaming): every token
 # its own streamed chunk, as before session 7.
 CONFIGS.update({
-    f"{name}-per-token": {**overrides, "router.streaming.max_tokens_per_chunk": 1}
-    for name, overrides in list(CONFIGS.items())
+    f"{name}-per-token": {**CONFIGS[name], "router.streaming.max_tokens_per_chunk": 1}
+    for name in BASE_CONFIGS
+})
+# ... and with vLLM's busy-wait between each engine's scheduler and worker (`step_wait_ms`
+# 0 in both pools), as before session 10.
+CONFIGS.update({
+    f"{name}-spin": {**CONFIGS[name], "pools.prefill.step_wait_ms": 0,
+                     "pools.decode.step_wait_ms": 0}
+    for name in BASE_CONFIGS
 })
 
 

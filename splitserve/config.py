@@ -31,6 +31,10 @@ Device = Literal["auto", "cpu", "cuda"]
 
 
 DECODE_MAX_NUM_SEQS = 128  # a decode engine's sequence slots unless configured (PoolsConfig)
+# A CPU engine's message-queue recheck interval (PoolConfig.step_wait_ms): vLLM's busy-wait
+# between the EngineCore and its worker cost both configurations about a third of their TPOT on
+# two shared cores (BENCHMARKS.md, session 10); a missed wake-up costs at most this long.
+STEP_WAIT_MS = 2
 
 
 class _Strict(BaseModel):
@@ -71,6 +75,13 @@ class PoolConfig(_Strict):
     )
     kv_cache_gib: int = Field(
         1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    step_wait_ms: int = Field(
+        STEP_WAIT_MS, ge=0, le=1000,
+        description="CPU only: the engine's scheduler and its model worker wait for each other "
+        "asleep on vLLM's message queue, rechecking every this many ms, instead of busy-waiting "
+        "(vLLM spins for 1 s after every message, taking CPU from the engines' compute on "
+        "shared cores). 0: vLLM's busy-wait.",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only.")
     block_size: int | None = Field(None, ge=1, description="KV block size; None: engine default.")

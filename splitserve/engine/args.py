@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from splitserve.config import FaultsConfig, SplitserveConfig
-from splitserve.engine.vllm_plugin import FORK_WORKERS_ENV
+from splitserve.engine.vllm_plugin import FORK_WORKERS_ENV, MQ_WAIT_ENV
 
 Role = Literal["prefill", "decode"]
 
@@ -50,6 +50,7 @@ class EngineSpec:
     max_num_seqs: int
     kv_cache_gib: int
     gpu_memory_utilization: float
+    step_wait_ms: int = 0  # CPU: message-queue recheck interval in ms; 0: vLLM's spin
     block_size: int | None = None
     kv_cache_dtype: str = "auto"
     kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
@@ -99,6 +100,7 @@ def engine_spec(
         max_num_seqs=pool.max_num_seqs,
         kv_cache_gib=pool.kv_cache_gib,
         gpu_memory_utilization=pool.gpu_memory_utilization,
+        step_wait_ms=pool.step_wait_ms,
         block_size=pool.block_size,
         kv_cache_dtype=pool.kv_cache_dtype,
         kv_transfer=cfg.mode == "disaggregated",
@@ -160,7 +162,7 @@ def omp_threads_bind(cores: list[int], ranks: int) -> str:
 def engine_env(spec: EngineSpec, cores: list[int]) -> dict[str, str]:
     """Environment the engine process needs (CPU: core binding, KV space, no oneDNN cache, the
     EngineCore forking its worker: `SPLITSERVE_FORK_ENGINE_WORKERS=0` in the deployment's
-    environment turns that off)."""
+    environment turns that off; the message-queue wait, empty for vLLM's busy-wait)."""
     if spec.device != "cpu":
         return {}
     return {
@@ -170,4 +172,5 @@ def engine_env(spec: EngineSpec, cores: list[int]) -> dict[str, str]:
         # The EngineCore forks its worker instead of spawning it (vllm_plugin.fork_engine_workers)
         # unless the deployment's environment says 0.
         FORK_WORKERS_ENV: "0" if os.environ.get(FORK_WORKERS_ENV) == "0" else "1",
+        MQ_WAIT_ENV: str(spec.step_wait_ms or ""),
     }

@@ -37,9 +37,12 @@ connector worker, on the CPU, moves that thread to the last core of the NUMA nod
 disaggregated engine of a node computed on one core (measured here: both engines on core 1,
 BENCHMARKS.md). The connector now leaves the thread where it was.
 
-Sixth, experimental and off unless `MQ_WAIT_ENV` is set (`patch_mq_sleep`): vLLM's message-queue
-readers between the EngineCore and its worker sleep on their socket instead of busy-waiting
-between steps (BENCHMARKS.md, the decode-heavy runs).
+Sixth, when `MQ_WAIT_ENV` is set (`patch_mq_sleep`; CPU engines get it from their pool's
+`step_wait_ms`, on by default): vLLM's message-queue readers between the EngineCore and its
+worker sleep on their socket instead of busy-waiting for 1 s after every message. On two shared
+cores the two spinning processes of each engine took CPU from every engine's compute: TPOT p90
+fell by about a third in both colocated and disaggregated deployments without it (BENCHMARKS.md,
+session 10).
 """
 
 from __future__ import annotations
@@ -279,7 +282,7 @@ def patch_cpu_worker_affinity() -> None:
 
 
 FORK_WORKERS_ENV = "SPLITSERVE_FORK_ENGINE_WORKERS"
-MQ_WAIT_ENV = "SPLITSERVE_MQ_WAIT_MS"  # experimental, off unless set (BENCHMARKS.md)
+MQ_WAIT_ENV = "SPLITSERVE_MQ_WAIT_MS"  # unset or empty: vLLM's busy-wait
 SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 
 
@@ -302,10 +305,11 @@ def _sleep_between_steps(module: Any, wait_ms: int) -> None:
 
 
 def patch_mq_sleep() -> bool:
-    """Experimental, with `MQ_WAIT_ENV` set to N: vLLM's message-queue readers (the EngineCore
-    waiting for its worker, the worker for the next step) sleep on their socket at once,
-    waking at least every N ms, instead of busy-waiting for 1 s after each message. False
-    when unset."""
+    """With `MQ_WAIT_ENV` set to N: vLLM's message-queue readers (the EngineCore waiting for its
+    worker, the worker for the next step) sleep on their socket at once, waking at least every
+    N ms, instead of busy-waiting for 1 s after each message. (vLLM's busy window set to 0
+    alone hangs a request whose wake-up was missed for vLLM's 5-s recheck; the cap bounds that
+    to N ms.) False when unset or empty."""
     value = os.environ.get(MQ_WAIT_ENV)
     if not value:
         return False

@@ -91,7 +91,16 @@ def test_engine_kwargs_cuda() -> None:
 def test_engine_env_cpu() -> None:
     env = engine_env(engine_spec(_cfg(), "prefill", "cpu"), [4, 5, 6, 7])
     assert env == {"VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7", "VLLM_CPU_KVCACHE_SPACE": "3",
-                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "SPLITSERVE_FORK_ENGINE_WORKERS": "1"}
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "SPLITSERVE_FORK_ENGINE_WORKERS": "1",
+                   "SPLITSERVE_MQ_WAIT_MS": "2"}
+
+
+def test_engine_env_step_wait_follows_the_pool() -> None:
+    cfg = parse_config({"pools": {"prefill": {"step_wait_ms": 5},
+                                  "decode": {"step_wait_ms": 0}}})
+    assert engine_env(engine_spec(cfg, "prefill", "cpu"), [0])["SPLITSERVE_MQ_WAIT_MS"] == "5"
+    # empty, not absent: an engine process must not inherit a value from its host's environment
+    assert engine_env(engine_spec(cfg, "decode", "cpu"), [0])["SPLITSERVE_MQ_WAIT_MS"] == ""
 
 
 def test_engine_env_cpu_uneven_cores_raises() -> None:

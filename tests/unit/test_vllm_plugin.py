@@ -128,7 +128,7 @@ def test_no_fork_without_the_flag_or_inside_a_ray_actor(monkeypatch) -> None:
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
-def test_experimental_mq_sleep_makes_readers_wait_on_their_socket(monkeypatch) -> None:
+def test_mq_sleep_makes_readers_wait_on_their_socket(monkeypatch) -> None:
     import zmq
     from vllm.distributed.device_communicators import shm_broadcast
 
@@ -154,8 +154,12 @@ def test_experimental_mq_sleep_makes_readers_wait_on_their_socket(monkeypatch) -
     assert timeouts == [2, 2]
 
 
-def test_mq_untouched_by_default(monkeypatch) -> None:
-    monkeypatch.delenv(vllm_plugin.MQ_WAIT_ENV, raising=False)
+@pytest.mark.parametrize("value", [None, ""])
+def test_mq_untouched_when_unset_or_empty(monkeypatch, value) -> None:
+    if value is None:
+        monkeypatch.delenv(vllm_plugin.MQ_WAIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(vllm_plugin.MQ_WAIT_ENV, value)
     assert not vllm_plugin.patch_mq_sleep()
 
 
