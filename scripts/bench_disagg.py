@@ -17,6 +17,8 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  prefilled on the decode worker when that is the faster path
     conditional-offload  conditional, and whole requests run on the prefill worker when
                  decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
+    conditional-streams512  conditional with each decoding stream counted as 512 prompt
+                 tokens of decode backlog (disaggregation.decode_stream_cost_tokens, default 64)
     <any>-per-token  that configuration without adaptive token coalescing (router.streaming:
                  every token its own streamed chunk)
     <any>-spin   that configuration with vLLM's busy-wait between each engine's scheduler and
@@ -99,6 +101,11 @@ CONFIGS = {
     "conditional": {"mode": "disaggregated"},
     # the default policy plus whole requests on an idle prefill engine (off by default)
     "conditional-offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
+    # the default policy with each decoding stream counted as 512 prompt tokens (default 64)
+    # when the spill rule compares the pools: fewer prompts prefill beside busy streams
+    "conditional-streams512": {
+        "mode": "disaggregated", "disaggregation.decode_stream_cost_tokens": 512,
+    },
 }
 BASE_CONFIGS = tuple(CONFIGS)
 # Each configuration also without adaptive token coalescing (router.streaming): every token
