@@ -19,6 +19,8 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
     conditional-streams512  conditional with each decoding stream counted as 512 prompt
                  tokens of decode backlog (disaggregation.decode_stream_cost_tokens, default 64)
+    conditional-chunk512, colocated-chunk512  with a 512-token step budget on the decode
+                 engines (pools.decode.max_num_batched_tokens; vLLM's CPU default 2048)
     <any>-per-token  that configuration without adaptive token coalescing (router.streaming:
                  every token its own streamed chunk)
     <any>-spin   that configuration with vLLM's busy-wait between each engine's scheduler and
@@ -105,6 +107,11 @@ CONFIGS = {
     # when the spill rule compares the pools: fewer prompts prefill beside busy streams
     "conditional-streams512": {
         "mode": "disaggregated", "disaggregation.decode_stream_cost_tokens": 512,
+    },
+    # a 512-token step budget on the decode engines (chunked prefill; vLLM's CPU default 2048)
+    "conditional-chunk512": {"mode": "disaggregated", "pools.decode.max_num_batched_tokens": 512},
+    "colocated-chunk512": {
+        "mode": "colocated", "pools.decode.replicas": 2, "pools.decode.max_num_batched_tokens": 512,
     },
 }
 BASE_CONFIGS = tuple(CONFIGS)

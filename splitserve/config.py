@@ -76,6 +76,12 @@ class PoolConfig(_Strict):
     kv_cache_gib: int = Field(
         1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1,
+        description="Tokens per engine step (vLLM's chunked-prefill budget): a longer prompt is "
+        "prefilled over several steps, between which the engine's streams decode. At least "
+        "max_num_seqs. None: vLLM's default (2048 on the CPU).",
+    )
     step_wait_ms: int = Field(
         STEP_WAIT_MS, ge=0, le=1000,
         description="CPU only: the engine's scheduler and its model worker wait for each other "
@@ -86,6 +92,15 @@ class PoolConfig(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only.")
     block_size: int | None = Field(None, ge=1, description="KV block size; None: engine default.")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
+
+    @model_validator(mode="after")
+    def _step_budget(self) -> PoolConfig:
+        budget = self.max_num_batched_tokens
+        if budget is not None and budget < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at "
+                             f"least max_num_seqs ({self.max_num_seqs}): one token per sequence "
+                             "per step")
+        return self
 
     @property
     def ranks(self) -> int:
@@ -110,7 +125,7 @@ class PoolsConfig(_Strict):
     def _decode_seqs(cls, pool: PoolConfig) -> PoolConfig:
         if "max_num_seqs" in pool.model_fields_set:
             return pool
-        return pool.model_copy(update={"max_num_seqs": DECODE_MAX_NUM_SEQS})
+        return PoolConfig(**{**pool.model_dump(), "max_num_seqs": DECODE_MAX_NUM_SEQS})
 
 
 ModelId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")]

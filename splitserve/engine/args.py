@@ -53,6 +53,7 @@ class EngineSpec:
     step_wait_ms: int = 0  # CPU: message-queue recheck interval in ms; 0: vLLM's spin
     block_size: int | None = None
     kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int | None = None  # tokens per step; None: vLLM's default
     kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
     share_cores: bool = False  # dev/test only: engines may share cores when short
@@ -103,6 +104,7 @@ def engine_spec(
         step_wait_ms=pool.step_wait_ms,
         block_size=pool.block_size,
         kv_cache_dtype=pool.kv_cache_dtype,
+        max_num_batched_tokens=pool.max_num_batched_tokens,
         kv_transfer=cfg.mode == "disaggregated",
         kv_host=kv_host,
         share_cores=cfg.placement.share_cores,
@@ -132,6 +134,8 @@ def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
     }
     if spec.block_size is not None:
         kwargs["block_size"] = spec.block_size
+    if spec.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
     if spec.max_loras:
         # vLLM keeps up to max_cpu_loras adapters loaded (its own LRU) and runs max_loras of them
         # in one batch; equal, so the router's residency bound is the engine's.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.config import parse_config
+from splitserve.config import ConfigError, parse_config
 from splitserve.engine.args import engine_env, engine_kwargs, engine_spec, omp_threads_bind
 
 
@@ -116,3 +116,19 @@ def test_forked_engine_workers_can_be_turned_off(monkeypatch) -> None:
     monkeypatch.setenv("SPLITSERVE_FORK_ENGINE_WORKERS", "0")
     env = engine_env(engine_spec(_cfg(), "prefill", "cpu"), [4, 5, 6, 7])
     assert env["SPLITSERVE_FORK_ENGINE_WORKERS"] == "0"
+
+
+def test_step_budget_reaches_the_engine_only_when_set() -> None:
+    cfg = parse_config({"pools": {"decode": {"max_num_batched_tokens": 512}}})
+    assert engine_kwargs(engine_spec(cfg, "decode", "cpu"), "/m")["max_num_batched_tokens"] == 512
+    assert "max_num_batched_tokens" not in engine_kwargs(engine_spec(cfg, "prefill", "cpu"), "/m")
+
+
+@pytest.mark.parametrize(
+    ("pool", "seqs"), [({"max_num_batched_tokens": 100}, 128),  # decode's default slots
+                       ({"max_num_batched_tokens": 16, "max_num_seqs": 32}, 32)],
+)
+def test_step_budget_below_the_sequence_slots_is_refused(pool, seqs) -> None:
+    with pytest.raises(ConfigError, match=rf"max_num_batched_tokens \({pool['max_num_batched_tokens']}\) "
+                       rf"must be at least max_num_seqs \({seqs}\)"):
+        parse_config({"pools": {"decode": pool}})
