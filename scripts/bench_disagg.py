@@ -114,19 +114,17 @@ CONFIGS = {
         "mode": "colocated", "pools.decode.replicas": 2, "pools.decode.max_num_batched_tokens": 512,
     },
 }
-BASE_CONFIGS = tuple(CONFIGS)
-# Each configuration also without adaptive token coalescing (router.streaming): every token
-# its own streamed chunk, as before session 7.
+# Each configuration also as variants, named `<config>-<variant>`:
+VARIANTS = {
+    # without adaptive token coalescing (router.streaming): every token its own streamed
+    # chunk, as before session 7
+    "per-token": {"router.streaming.max_tokens_per_chunk": 1},
+    # with vLLM's busy-wait between each engine's scheduler and worker, as before session 10
+    "spin": {"pools.prefill.step_wait_ms": 0, "pools.decode.step_wait_ms": 0},
+}
 CONFIGS.update({
-    f"{name}-per-token": {**CONFIGS[name], "router.streaming.max_tokens_per_chunk": 1}
-    for name in BASE_CONFIGS
-})
-# ... and with vLLM's busy-wait between each engine's scheduler and worker (`step_wait_ms`
-# 0 in both pools), as before session 10.
-CONFIGS.update({
-    f"{name}-spin": {**CONFIGS[name], "pools.prefill.step_wait_ms": 0,
-                     "pools.decode.step_wait_ms": 0}
-    for name in BASE_CONFIGS
+    f"{name}-{variant}": {**overrides, **extra}
+    for name, overrides in list(CONFIGS.items()) for variant, extra in VARIANTS.items()
 })
 
 

@@ -32,8 +32,8 @@ Device = Literal["auto", "cpu", "cuda"]
 
 DECODE_MAX_NUM_SEQS = 128  # a decode engine's sequence slots unless configured (PoolsConfig)
 # A CPU engine's message-queue recheck interval (PoolConfig.step_wait_ms): vLLM's busy-wait
-# between the EngineCore and its worker cost both configurations about a third of their TPOT on
-# two shared cores (BENCHMARKS.md, session 10); a missed wake-up costs at most this long.
+# between the EngineCore and its worker cost colocated engines about a fifth of their decode
+# speed on two shared cores (BENCHMARKS.md, session 10); a missed wake-up costs at most this long.
 STEP_WAIT_MS = 2
 
 
@@ -73,14 +73,14 @@ class PoolConfig(_Strict):
         description="Concurrent sequences per engine (unset: 64 for prefill, "
         f"{DECODE_MAX_NUM_SEQS} for decode, whose engines carry every stream).",
     )
-    kv_cache_gib: int = Field(
-        1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
-    )
     max_num_batched_tokens: int | None = Field(
         None, ge=1,
         description="Tokens per engine step (vLLM's chunked-prefill budget): a longer prompt is "
         "prefilled over several steps, between which the engine's streams decode. At least "
         "max_num_seqs. None: vLLM's default (2048 on the CPU).",
+    )
+    kv_cache_gib: int = Field(
+        1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
     step_wait_ms: int = Field(
         STEP_WAIT_MS, ge=0, le=1000,
@@ -97,7 +97,7 @@ class PoolConfig(_Strict):
     def _step_budget(self) -> PoolConfig:
         budget = self.max_num_batched_tokens
         if budget is not None and budget < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at "
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be at "
                              f"least max_num_seqs ({self.max_num_seqs}): one token per sequence "
                              "per step")
         return self

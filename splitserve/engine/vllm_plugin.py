@@ -40,9 +40,8 @@ BENCHMARKS.md). The connector now leaves the thread where it was.
 Sixth, when `MQ_WAIT_ENV` is set (`patch_mq_sleep`; CPU engines get it from their pool's
 `step_wait_ms`, on by default): vLLM's message-queue readers between the EngineCore and its
 worker sleep on their socket instead of busy-waiting for 1 s after every message. On two shared
-cores the two spinning processes of each engine took CPU from every engine's compute: TPOT p90
-fell by about a third in both colocated and disaggregated deployments without it (BENCHMARKS.md,
-session 10).
+cores the two spinning processes of each engine took CPU from every engine's compute: colocated
+engines decoded about a fifth faster without it (BENCHMARKS.md, session 10).
 """
 
 from __future__ import annotations
