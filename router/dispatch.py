@@ -120,6 +120,7 @@ class Dispatcher:
             expected_cached_tokens=0,
             load=load,
             cfg=self.disagg,
+            max_tokens=req.sampling.max_tokens,
         )
 
     def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
@@ -154,7 +155,7 @@ class Dispatcher:
         if span.is_recording():
             span.set_attributes({PREFILL_PATH: path.value, PROMPT_TOKENS: n_prompt})
         parent = self.tracing.context_of(span)
-        offloaded = path is PrefillPath.OFFLOAD
+        offloaded = path.pool == "prefill"
         self._offloaded += offloaded
         try:
             if path.remote:

@@ -15,7 +15,16 @@ pool (remote, the KV then moves to decode over NIXL) or on the decode worker its
    on prefill-heavy load), the prefill pool takes them once decode is busier, and a decode pool
    busy streaming keeps its steps free of prefill (what wins on decode-heavy load).
 
-Before all of these, with `offload_to_prefill` on, the whole request (prefill and decode) runs on
+Before all of these, a request whose output is short (`max_tokens` at most `short_output_tokens`)
+runs whole, prefill and decode, on the pool with less work ahead of its first token, as on two
+colocated engines: its few decode steps cost either pool little, while a remote prefill would
+make it wait in two queues (the prefill engine's, then the decode engine's) and pay the handoff.
+On long prompts with short outputs this keeps both engines prefilling, as colocation does,
+where the remote path left the decode engine prefilling the spilled half of the prompts behind
+its own queue (BENCHMARKS.md, session 10). Ties and a full prefill queue stay on decode. A request
+without `max_tokens` counts as long.
+
+Then, with `offload_to_prefill` on, the whole request (prefill and decode) runs on
 a prefill replica when the decode pool is the bottleneck: when the decode pool's streams per
 replica (at `decode_stream_cost_tokens` each) exceed the prefill pool's whole work per replica
 (its prefill backlog plus its own streams) by more than `offload_margin_tokens`. A prefill
@@ -42,6 +51,8 @@ class PrefillPath(str, Enum):
     SPILL = "spill"  # prefilling on decode is the faster path
     COLOCATED = "colocated"  # no prefill pool deployed
     OFFLOAD = "offload"  # the whole request runs on a prefill replica: decode is the bottleneck
+    SHORT_OUTPUT = "short_output"  # a short output runs whole on decode (the less loaded pool)
+    SHORT_OUTPUT_OFFLOAD = "short_output_offload"  # ... whole on prefill (the less loaded pool)
 
     @property
     def remote(self) -> bool:
@@ -51,7 +62,8 @@ class PrefillPath(str, Enum):
     @property
     def pool(self) -> str:
         """The pool that generates the request's tokens."""
-        return "prefill" if self is PrefillPath.OFFLOAD else "decode"
+        whole_on_prefill = self is PrefillPath.OFFLOAD or self is PrefillPath.SHORT_OUTPUT_OFFLOAD
+        return "prefill" if whole_on_prefill else "decode"
 
 
 @dataclass(frozen=True)
@@ -97,8 +109,18 @@ def prefill_path(
     expected_cached_tokens: int,
     load: PoolLoad,
     cfg: DisaggregationConfig,
+    max_tokens: int | None = None,
 ) -> PrefillPath:
-    """Where this prompt prefills (see the module docstring for the rule)."""
+    """Where this prompt prefills (see the module docstring for the rule).
+
+    max_tokens: the request's output limit; None (no limit given) counts as a long output.
+    """
+    if max_tokens is not None and max_tokens <= cfg.short_output_tokens:
+        if load.prefill_requests < cfg.max_prefill_queue and (
+            prefill_backlog(load, cfg) < decode_backlog(load, cfg)
+        ):
+            return PrefillPath.SHORT_OUTPUT_OFFLOAD
+        return PrefillPath.SHORT_OUTPUT
     if (
         cfg.offload_to_prefill
         and load.prefill_requests < cfg.max_prefill_queue

@@ -9,12 +9,16 @@ Configurations, deployed one after another on this machine (Ray in this process,
 `tests.conftest.running_deployment`, on a free port), each with two engines:
 
     disagg       1 prefill + 1 decode worker, every prompt prefilled remotely
-                 (mode disaggregated, min_remote_prompt_tokens 0, spill_to_decode and
-                 offload_to_prefill off)
+                 (mode disaggregated, min_remote_prompt_tokens 0, short_output_tokens 0,
+                 spill_to_decode and offload_to_prefill off)
     colocated    2 colocated workers (mode colocated, pools.decode.replicas 2)
     conditional  1 prefill + 1 decode worker with the default policy (router/policy.py):
-                 remote prefill for prompts of at least `min_remote_prompt_tokens` (128),
-                 prefilled on the decode worker when that is the faster path
+                 requests with at most `short_output_tokens` (32) output tokens run whole
+                 on the less loaded worker; others prefill remotely when their prompt has
+                 at least `min_remote_prompt_tokens` (128) tokens, on the decode worker
+                 when that is the faster path
+    conditional-byprompt  the default policy without the short-output rule (short_output_tokens
+                 0; the default before session 11): the path by the prompt alone
     conditional-offload  conditional, and whole requests run on the prefill worker when
                  decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
     conditional-streams512  conditional with each decoding stream counted as 512 prompt
@@ -97,10 +101,13 @@ CONFIGS = {
         "mode": "disaggregated",
         "disaggregation.min_remote_prompt_tokens": 0,
         "disaggregation.spill_to_decode": False,
+        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
         "disaggregation.offload_to_prefill": False,
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
+    # the default policy without its short-output rule, as before session 11
+    "conditional-byprompt": {"mode": "disaggregated", "disaggregation.short_output_tokens": 0},
     # the default policy plus whole requests on an idle prefill engine (off by default)
     "conditional-offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
     # the default policy with each decoding stream counted as 512 prompt tokens (default 64)

@@ -56,6 +56,7 @@ DISAGG = {
     "mode": "disaggregated",
     "disaggregation.min_remote_prompt_tokens": 0,
     "disaggregation.spill_to_decode": False,
+    "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
     "disaggregation.offload_to_prefill": False,
 }
 COLOCATED = {"mode": "colocated"}

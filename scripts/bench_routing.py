@@ -310,6 +310,7 @@ def run_policy(
             "placement.share_cores": True,
             # every prompt through the prefill pool: this part measures its routing
             "disaggregation.spill_to_decode": False,
+            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
             "router.routing.prefill": policy,
             "router.routing.block_size": ENGINE_BLOCK,

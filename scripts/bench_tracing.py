@@ -131,6 +131,7 @@ def variant_config(ratio: float | None, endpoint: str):
     overrides: dict[str, Any] = {
         "mode": "disaggregated",
         "disaggregation.spill_to_decode": False,
+        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
         "disaggregation.offload_to_prefill": False,
     }
     if ratio is not None:

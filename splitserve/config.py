@@ -308,6 +308,15 @@ class DisaggregationConfig(_Strict):
         "when its backlog is compared with the prefill pool's. Higher keeps prefill off busy "
         "decode workers (lower TPOT, higher TTFT).",
     )
+    short_output_tokens: int = Field(
+        32,
+        ge=0,
+        description="Requests with `max_tokens` at most this run whole (prefill and decode) on the "
+        "pool with less work ahead of their first token, as on colocated engines: for a short "
+        "output the handoff and a second queue cost more than keeping a few decode steps off the "
+        "decode pool (router/policy.py; BENCHMARKS.md, long prompts with short outputs). "
+        "0: off, every request takes the rules below.",
+    )
     offload_to_prefill: bool = Field(
         False,
         description="Run whole requests on a prefill replica when the decode pool is the "

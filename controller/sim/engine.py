@@ -14,8 +14,8 @@ With `routing` (a deployment's `DisaggregationConfig`), each disaggregated arriv
 router's own `prefill_path` (router/policy.py) where it goes, with a `PoolLoad` counted from the
 simulated pools exactly as the dispatcher counts its own (`router/dispatch.py`): REMOTE as above;
 SHORT, QUEUE_FULL and SPILL prefill on a decode replica, which pauses its decode for the prompt
-as a colocated replica does; OFFLOAD runs the whole request on a prefill replica, which then
-decodes it too. Without `routing` every prompt goes remote (the planner's pure disaggregation).
+as a colocated replica does, and so does SHORT_OUTPUT; OFFLOAD and SHORT_OUTPUT_OFFLOAD run the
+whole request on a prefill replica, which then decodes it too. Without `routing` every prompt goes remote (the planner's pure disaggregation).
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ class Simulation:
         path = PrefillPath.REMOTE
         if self.routing is not None:
             path = prefill_path(prompt_tokens=p, expected_cached_tokens=0, load=self.load(),
-                                cfg=self.routing)
+                                cfg=self.routing, max_tokens=o)
             self.paths[path] = self.paths.get(path, 0) + 1
-        remote_side = path is PrefillPath.REMOTE or path is PrefillPath.OFFLOAD
+        remote_side = path is PrefillPath.REMOTE or path.pool == "prefill"
         pool = self.front if remote_side else self.back
         pool.arrivals += 1
         pool.tokens += p
@@ -138,10 +138,10 @@ class Simulation:
         elif path is PrefillPath.REMOTE:
             self.remote_reqs += 1
             self.remote_tokens += p
-        else:  # prefilled where it decodes: a decode replica, or a prefill one (OFFLOAD)
+        else:  # prefilled where it decodes: a decode replica, or a prefill one (whole request)
             self.local[req] = True
             self.local_tokens[path.pool] += p
-            if path is PrefillPath.OFFLOAD:
+            if path.pool == "prefill":
                 self.offloaded += 1
             else:
                 self.decode_streams += 1  # SHORT, QUEUE_FULL, SPILL: through the decode gate

@@ -79,6 +79,7 @@ def deployment(span_file):
             "placement.share_cores": True,
             "disaggregation.kv_lease_s": KV_LEASE_S,
             "disaggregation.spill_to_decode": False,  # faults must hit the remote path
+            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,

@@ -42,6 +42,7 @@ def deployment():
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": THRESHOLD,
             "disaggregation.spill_to_decode": False,
+            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
         }
     )

@@ -64,6 +64,7 @@ def deployment(adapters):
         "placement.share_cores": True,
         "disaggregation.min_remote_prompt_tokens": 128,
         "disaggregation.spill_to_decode": False,
+        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
     })
     build_tiny_model(variant=1)
     with running_deployment(cfg) as base:

@@ -28,6 +28,7 @@ def test_gpu_deployment_answers(mode):
         "device": "cuda",
         "disaggregation.min_remote_prompt_tokens": 1,
         "disaggregation.spill_to_decode": False,  # the remote path, also on an idle pool
+        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
         "disaggregation.offload_to_prefill": False,
     }
     if os.environ.get("SPLITSERVE_GPU_MODEL"):

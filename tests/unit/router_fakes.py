@@ -88,10 +88,12 @@ DECODE_OK = [
 
 
 def config(tracing: dict | None = None, **disagg):
-    """A disaggregated config without the spill rule (tracing on unless given)."""
+    """A disaggregated config without the spill and short-output rules (tracing on unless
+    given): a long-enough prompt goes remote whatever its max_tokens."""
     return parse_config({
         "mode": "disaggregated",
-        "disaggregation": {"spill_to_decode": False, "offload_to_prefill": False, **disagg},
+        "disaggregation": {"spill_to_decode": False, "offload_to_prefill": False,
+                           "short_output_tokens": 0, **disagg},
         "tracing": {"enabled": True} if tracing is None else tracing,
     })
 

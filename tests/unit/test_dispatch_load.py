@@ -53,10 +53,10 @@ class _Gated:
 
 
 def _setup(**disagg):
-    # No handoff cost: the first long prompt then goes remote on idle pools (see test_policy).
-    cfg = parse_config(
-        {"mode": "disaggregated", "disaggregation": {"handoff_cost_tokens": 0, **disagg}}
-    )
+    # No handoff cost: the first long prompt then goes remote on idle pools (see test_policy);
+    # no short-output rule: the requests' 2 output tokens would otherwise skip the handoff.
+    cfg = parse_config({"mode": "disaggregated", "disaggregation": {
+        "handoff_cost_tokens": 0, "short_output_tokens": 0, **disagg}})
     prefill = _Gated([GenerateChunk(token_ids=(7,), text="", kv_transfer_params=HANDOFF)])
     decode = _Gated([GenerateChunk(token_ids=(1,), text="a"), GenerateChunk((2,), "b", "length")])
     metrics = RouterMetrics()
@@ -161,6 +161,33 @@ def test_an_offloaded_request_runs_whole_on_prefill_and_counts_there_until_it_en
         [sent] = prefill.requests
         assert sent.sampling.max_tokens == 2  # the whole request, not a max_tokens=1 prefill
         assert sent.kv_transfer_params is None and sent.request_id == "cmpl-2"
+        prefill.release.set()
+        decode.release.set()
+        await asyncio.gather(first, second)
+        assert sorted(out) == [(1,), (2,), (7,)]
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())
+
+
+def test_short_outputs_run_whole_on_the_less_loaded_pool_without_a_handoff():
+    async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
+        d, prefill, decode, metrics = _setup(short_output_tokens=2)  # _req asks for 2 tokens
+        out: list = []
+        first = asyncio.create_task(_drain(d, _req(1536, 1), out))
+        await decode.started.wait()  # idle pools: a tie stays on decode
+        assert d.load() == PoolLoad(local_prefill_tokens=1536, decode_streams=1)
+        second = asyncio.create_task(_drain(d, _req(1536, 2), out))
+        await prefill.started.wait()  # decode busier: the whole request on prefill
+        assert d.load().prefill_streams == 1 and d.load().prefill_tokens == 1536
+        assert d.load().prefill_requests == 0  # no remote prefill in flight
+        assert (_reason(metrics, "short_output"), _reason(metrics, "short_output_offload")) == (1, 1)
+        [sent] = prefill.requests
+        assert sent.sampling.max_tokens == 2 and sent.kv_transfer_params is None
+        assert decode.requests[0].kv_transfer_params is None  # no handoff on either
         prefill.release.set()
         decode.release.set()
         await asyncio.gather(first, second)

@@ -125,6 +125,67 @@ def test_offloaded_streams_balance_the_two_pools():
     assert 0 < load.decode_streams - load.prefill_streams <= 5
 
 
+SHORT_OUT_CFG = CFG.model_copy(update={"short_output_tokens": 32})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "load", "want"),
+    [
+        # both idle: a tie stays on decode, as the first request on two colocated engines
+        (1536, 16, IDLE, PrefillPath.SHORT_OUTPUT),
+        (1536, 32, IDLE, PrefillPath.SHORT_OUTPUT),  # at the threshold
+        # decode prefilling one prompt, prefill idle: the whole request goes to prefill
+        (1536, 16, PoolLoad(local_prefill_tokens=1536), PrefillPath.SHORT_OUTPUT_OFFLOAD),
+        # decode's streams count too: 2 x 50 > an idle prefill pool
+        (1536, 16, PoolLoad(decode_streams=2), PrefillPath.SHORT_OUTPUT_OFFLOAD),
+        # the prefill pool busier (a remote prefill, an offloaded stream) than decode: decode
+        (1536, 16, PoolLoad(prefill_requests=1, prefill_tokens=1536, local_prefill_tokens=1000),
+         PrefillPath.SHORT_OUTPUT),
+        (1536, 16, PoolLoad(prefill_streams=3, decode_streams=2), PrefillPath.SHORT_OUTPUT),
+        # per replica: decode's 3000 tokens over 2 replicas still outweigh prefill's 1000
+        (1536, 16, PoolLoad(prefill_requests=1, prefill_tokens=1000, local_prefill_tokens=3000,
+                            decode_replicas=2), PrefillPath.SHORT_OUTPUT_OFFLOAD),
+        # a full prefill queue takes nothing more
+        (1536, 16, PoolLoad(prefill_requests=4, local_prefill_tokens=10_000),
+         PrefillPath.SHORT_OUTPUT),
+        # short prompts with short outputs take the rule too (no handoff either way)
+        (10, 1, PoolLoad(decode_streams=2), PrefillPath.SHORT_OUTPUT_OFFLOAD),
+        # longer outputs, or none given: the prompt's rules (remote on idle pools here)
+        (1536, 33, IDLE, PrefillPath.REMOTE),
+        (1536, None, IDLE, PrefillPath.REMOTE),
+    ],
+)
+def test_short_outputs_run_whole_on_the_less_loaded_pool(prompt, max_tokens, load, want):
+    got = prefill_path(prompt_tokens=prompt, expected_cached_tokens=0, load=load,
+                       cfg=SHORT_OUT_CFG, max_tokens=max_tokens)
+    assert got is want
+    assert got.pool == ("prefill" if want is PrefillPath.SHORT_OUTPUT_OFFLOAD else "decode")
+    assert not got.remote or want is PrefillPath.REMOTE
+
+
+def test_short_output_rule_off_leaves_the_prompt_rules():
+    cfg = SHORT_OUT_CFG.model_copy(update={"short_output_tokens": 0})
+    for max_tokens in (1, 16):
+        got = prefill_path(prompt_tokens=1536, expected_cached_tokens=0, load=IDLE, cfg=cfg,
+                           max_tokens=max_tokens)
+        assert got is PrefillPath.REMOTE
+
+
+def test_short_outputs_alternate_between_the_pools_like_two_colocated_engines():
+    """Long prompts with short outputs arriving while earlier ones prefill: each goes whole to the
+    pool with less work ahead, so the two engines take turns and none takes the handoff."""
+    load = {"prefill": 0, "decode": 0}
+    paths = []
+    for _ in range(6):
+        path = prefill_path(
+            prompt_tokens=1536, expected_cached_tokens=0, cfg=SHORT_OUT_CFG, max_tokens=16,
+            load=PoolLoad(prefill_tokens=load["prefill"], local_prefill_tokens=load["decode"]),
+        )
+        load[path.pool] += 1536
+        paths.append(path)
+    assert paths == [PrefillPath.SHORT_OUTPUT, PrefillPath.SHORT_OUTPUT_OFFLOAD] * 3
+
+
 def test_zero_threshold_sends_everything_remote():
     cfg = DisaggregationConfig(min_remote_prompt_tokens=0, spill_to_decode=False)
     assert _path(1, cfg=cfg) is PrefillPath.REMOTE

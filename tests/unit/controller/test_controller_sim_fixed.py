@@ -26,7 +26,8 @@ from tests.scripts import load_script
 
 # scripts/bench_disagg.py's configurations: every prompt remote / the default policy.
 DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0,
-          "disaggregation.spill_to_decode": False, "disaggregation.offload_to_prefill": False}
+          "disaggregation.spill_to_decode": False, "disaggregation.offload_to_prefill": False,
+          "disaggregation.short_output_tokens": 0}
 COLOCATED = {"mode": "colocated", "pools.decode.replicas": 2}
 CONDITIONAL = {"mode": "disaggregated"}
 
@@ -120,8 +121,13 @@ def conditional(**settings) -> FixedDeployment:
     return deployment(**CONDITIONAL, **{f"disaggregation.{k}": v for k, v in settings.items()})
 
 
+def by_prompt(**settings) -> FixedDeployment:
+    """The conditional policy without its short-output rule: every path by the prompt alone."""
+    return conditional(short_output_tokens=0, **settings)
+
+
 def test_a_short_prompt_prefills_on_the_decode_replica_like_a_colocated_one() -> None:
-    d = conditional()
+    d = by_prompt()
     c = d.cost()
     r = run_fixed(d, replay_trace([0.0], [100], [8], rate=1.0))  # under min_remote (128)
     assert r.paths == {"short": 1} and r.completed == 1
@@ -131,24 +137,24 @@ def test_a_short_prompt_prefills_on_the_decode_replica_like_a_colocated_one() ->
 
 
 def test_an_idle_decode_pool_takes_the_prompt_itself_then_the_prefill_pool_does() -> None:
-    c = conditional().cost()
-    alone = run_fixed(conditional(), replay_trace([0.0], [1536], [16], rate=1.0))
+    c = by_prompt().cost()
+    alone = run_fixed(by_prompt(), replay_trace([0.0], [1536], [16], rate=1.0))
     assert alone.paths == {"spill": 1}  # decode idle: the handoff would only cost time
     spilled = c.prefill_s(1536) + c.acc.router_latency_s
     assert alone.ttft_p50_s == pytest.approx(spilled, rel=1e-9)
     # Two at once: the second sees decode busy with the first prompt and goes remote, so the
     # two engines prefill in parallel; with spilling off both queue on the prefill engine.
     trace = replay_trace([0.0, 0.0], [1536, 1536], [16, 16], rate=2.0)
-    r = run_fixed(conditional(offload_to_prefill=False), trace)
+    r = run_fixed(by_prompt(offload_to_prefill=False), trace)
     assert r.paths == {"spill": 1, "remote": 1} and r.completed == 2
-    remote = run_fixed(conditional(spill_to_decode=False, offload_to_prefill=False), trace)
+    remote = run_fixed(by_prompt(spill_to_decode=False, offload_to_prefill=False), trace)
     assert remote.paths == {"remote": 2} and remote.ttft_p90_s > r.ttft_p90_s
 
 
 def test_a_full_prefill_queue_prefills_locally() -> None:
     trace = replay_trace([0.0] * 3, [1536] * 3, [4] * 3, rate=3.0)
-    r = run_fixed(conditional(max_prefill_queue=1, spill_to_decode=False,
-                              offload_to_prefill=False), trace)
+    r = run_fixed(by_prompt(max_prefill_queue=1, spill_to_decode=False,
+                            offload_to_prefill=False), trace)
     assert r.paths == {"remote": 1, "queue_full": 2} and r.completed == 3
 
 
@@ -168,7 +174,7 @@ def test_offloaded_requests_run_whole_on_the_prefill_replica() -> None:
 
 
 def test_one_offloaded_request_costs_what_a_colocated_one_does() -> None:
-    d = conditional(offload_to_prefill=True, offload_margin_tokens=0, decode_stream_cost_tokens=64)
+    d = by_prompt(offload_to_prefill=True, offload_margin_tokens=0, decode_stream_cost_tokens=64)
     c = d.cost()
     # The first request decodes on decode (short); then decode holds one stream (64 tokens of
     # load) against an idle prefill pool: the second request is offloaded.
@@ -177,6 +183,30 @@ def test_one_offloaded_request_costs_what_a_colocated_one_does() -> None:
     assert r.paths == {"short": 1, "offload": 1} and r.completed == 2
     alone = c.prefill_s(100) + c.acc.router_latency_s
     assert r.ttft_p50_s == pytest.approx(alone, rel=1e-9)  # neither waited for the other
+
+
+def test_short_outputs_run_whole_on_the_less_loaded_pool_as_on_colocated_engines() -> None:
+    # Long prompts, short outputs, arriving faster than one engine prefills them: the rule
+    # spreads whole requests over both engines, so no prompt waits in two queues or pays a
+    # handoff; without it, every prompt the decode engine does not spill waits behind the prefill
+    # engine and then for decode.
+    n = 8
+    trace = replay_trace(np.arange(n) * 0.05, [1536] * n, [16] * n, rate=20.0)
+    d = conditional()
+    c = d.cost()
+    r = run_fixed(d, trace)
+    assert r.paths == {"short_output": n // 2, "short_output_offload": n // 2}
+    assert r.completed == n
+    colocated = run_fixed(deployment(**COLOCATED), trace)
+    assert r.ttft_p90_s < run_fixed(by_prompt(), trace).ttft_p90_s
+    assert r.ttft_p90_s <= colocated.ttft_p90_s  # least-loaded placement, no handoff
+    # Alone, it runs on the decode engine (a tie stays there), as on an idle colocated one.
+    alone = run_fixed(d, replay_trace([0.0], [1536], [16], rate=1.0))
+    assert alone.paths == {"short_output": 1}
+    assert alone.ttft_p50_s == pytest.approx(c.prefill_s(1536) + c.acc.router_latency_s, rel=1e-9)
+    # Past the threshold, the prompt's own rules decide again.
+    long = run_fixed(d, replay_trace([0.0], [1536], [33], rate=1.0))
+    assert long.paths == {"spill": 1}
 
 
 # --- scripts/sim_vs_measured.py ----------------------------------------------------------------
@@ -214,7 +244,7 @@ def test_script_compares_every_measured_point(tmp_path: Path, capsys) -> None:
     (tmp_path / "comparison.json").write_text(json.dumps({"configs": configs}))
     write_point(tmp_path, "disagg", "long", 0.5, 1536, 4, 500.0, 1.0, jsonl=True)
     write_point(tmp_path, "disagg", "long", 1, 1536, 4, 400.0, 0.0, jsonl=False)
-    write_point(tmp_path, "conditional", "short", 1, 64, 4, 100.0, 1.0, jsonl=True)
+    write_point(tmp_path, "conditional", "short", 1, 64, 64, 100.0, 1.0, jsonl=True)
     out = tmp_path / "out.json"
     result = s.main(["--measured", str(tmp_path), "--out", str(out), "--seeds", "2"])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))

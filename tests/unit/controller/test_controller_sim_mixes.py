@@ -33,7 +33,8 @@ def test_only_the_conditional_arm_asks_the_router_policy() -> None:
 
 def test_conditional_routing_settings_reach_the_policy() -> None:
     # With every prompt below the remote threshold, the policy prefills all of them on decode.
-    local = DisaggregationConfig(min_remote_prompt_tokens=10**6, spill_to_decode=False)
+    local = DisaggregationConfig(min_remote_prompt_tokens=10**6, spill_to_decode=False,
+                                 short_output_tokens=0)
     cond = small_arm(MIXES[0], "conditional", routing=local)
     assert cond.result.paths == {"short": cond.result.requests}
 
