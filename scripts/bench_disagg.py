@@ -36,7 +36,8 @@ Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact
     short-prompt-long-output   prompt 128,  output 256  (decode-bound)
 
 Each configuration is started once per round and runs every preset's sweep (one `splitserve
-bench` run per rate, the same prompts at every rate) after `--warmup` unmeasured requests.
+bench` run per rate, each rate with prompts of its own, so that no rate hits a prefix cache an
+earlier one filled) after `--warmup` unmeasured requests.
 
 `--rounds N` repeats the whole comparison N times, interleaved: round 1 runs the configurations
 in the order given, round 2 in reverse, and so on, so that a drift in the machine's load over

@@ -120,6 +120,28 @@ def shared_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[st
     yield _Shared.base
 
 
+def pool_stats(pool: str):
+    """Engine stats (`EngineStats`) of pool `pool` of the running `splitserve` application."""
+    from ray import serve
+
+    return serve.get_deployment_handle(pool, app_name="splitserve").stats.remote().result()
+
+
+def pools_at_rest(
+    pools: tuple[str, ...] = ("prefill", "decode"), timeout_s: float = 120.0
+) -> dict[str, tuple[int, float]]:
+    """Each pool's (unfinished requests, KV cache usage), polled until every pool holds no
+    request and no KV block or `timeout_s` has passed (the default outlasts the NIXL abort
+    timeout that frees a prefill's unfetched blocks)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = {pool: pool_stats(pool) for pool in pools}
+        rest = {p: (s.num_unfinished, s.kv_cache_usage) for p, s in stats.items()}
+        if all(r == (0, 0.0) for r in rest.values()) or time.monotonic() > deadline:
+            return rest
+        time.sleep(2)
+
+
 def direct_greedy(
     prompt_ids: list[int], max_tokens: int, *, fresh_cache: bool = False,
     deployment: str = "decode", lora=None, ignore_eos: bool = False,

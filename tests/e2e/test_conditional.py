@@ -10,17 +10,15 @@ no KV may move. The remote path itself is tested in test_disaggregated.py (rule 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from ray import serve
 
 from splitserve.config import load_config
-from tests.conftest import direct_greedy, running_deployment, test_config
+from tests.conftest import direct_greedy, pool_stats, pools_at_rest, running_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -39,10 +37,6 @@ def client(deployment):
     return openai.OpenAI(base_url=f"{deployment}/v1", api_key="unused", max_retries=0, timeout=600)
 
 
-def _stats(pool: str):
-    return serve.get_deployment_handle(pool, app_name="splitserve").stats.remote().result()
-
-
 def _reasons(deployment: str) -> dict[str, float]:
     """The router's conditional-disaggregation decisions by reason."""
     text = httpx.get(f"{deployment}/metrics", timeout=30).text
@@ -54,7 +48,7 @@ def _reasons(deployment: str) -> dict[str, float]:
 
 
 def _moved() -> float:
-    return _stats("decode").kv_bytes_received
+    return pool_stats("decode").kv_bytes_received
 
 
 def _prompt(seed: int, n: int = 1500) -> list[int]:
@@ -150,13 +144,4 @@ def test_mixed_outputs_with_cancellations_leave_both_pools_empty(deployment):
     assert [r for i, r in enumerate(results) if i % 4] == [n for i, n in enumerate(outputs) if i % 4]
     assert sum(after.get(k, 0) - before.get(k, 0) for k in ("short_output",
                                                               "short_output_offload")) == 8
-    deadline = time.monotonic() + 120  # bounded by the NIXL abort timeout for unfetched blocks
-    while time.monotonic() < deadline:
-        stats = {pool: _stats(pool) for pool in ("prefill", "decode")}
-        if all(s.num_unfinished == 0 and s.kv_cache_usage == 0 for s in stats.values()):
-            break
-        time.sleep(2)
-    assert {p: (s.num_unfinished, s.kv_cache_usage) for p, s in stats.items()} == {
-        "prefill": (0, 0.0),
-        "decode": (0, 0.0),
-    }
+    assert pools_at_rest() == {"prefill": (0, 0.0), "decode": (0, 0.0)}

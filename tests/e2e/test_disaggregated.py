@@ -13,9 +13,8 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from ray import serve
 
-from tests.conftest import direct_greedy, shared_deployment, test_config
+from tests.conftest import direct_greedy, pool_stats, pools_at_rest, shared_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -53,10 +52,6 @@ def deployment():
 @pytest.fixture(scope="module")
 def client(deployment):
     return openai.OpenAI(base_url=f"{deployment}/v1", api_key="unused", max_retries=0)
-
-
-def _stats(pool: str):
-    return serve.get_deployment_handle(pool, app_name="splitserve").stats.remote().result()
 
 
 def _samples(deployment: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -107,7 +102,7 @@ def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, clie
     results = []
     for prompt in PROMPTS[1:]:
         hist_before = _kv_histogram(deployment)
-        before = _stats("decode")
+        before = pool_stats("decode")
         r = client.completions.create(
             model=MODEL,
             prompt=prompt,
@@ -115,7 +110,7 @@ def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, clie
             temperature=0,
             extra_body={"return_token_ids": True},
         )
-        after = _stats("decode")
+        after = pool_stats("decode")
         moved = after.kv_bytes_received - before.kv_bytes_received
         count, total = _kv_histogram(deployment)
         # /metrics reports this request's bytes, equal to what the NIXL connector measured
@@ -130,7 +125,7 @@ def test_long_prompts_move_kv_over_nixl_and_match_local_prefill(deployment, clie
         assert r.choices[0].model_extra["token_ids"] == direct_greedy(ids, 16, fresh_cache=True), (
             prompt[:30]
         )
-    assert _stats("decode").kv_transfer_failures == 0
+    assert pool_stats("decode").kv_transfer_failures == 0
 
 
 def _prompt_ids(client, prompt: str) -> list[int]:
@@ -142,13 +137,13 @@ def _prompt_ids(client, prompt: str) -> list[int]:
 
 
 def test_short_prompt_prefills_locally(deployment, client):
-    before, kv_before = _decisions(deployment), _stats("decode").kv_bytes_received
+    before, kv_before = _decisions(deployment), pool_stats("decode").kv_bytes_received
     ttft_before = _ttft_sums(deployment)
     client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4)
     after = _decisions(deployment)
     assert after.get("local", 0) == before.get("local", 0) + 1
     assert after.get("remote", 0) == before.get("remote", 0)
-    assert _stats("decode").kv_bytes_received == kv_before
+    assert pool_stats("decode").kv_bytes_received == kv_before
     # The decode engine reported its own part of the first token's time: more than nothing,
     # at most the pool's time to first token that the router measured around it.
     count, engine_s, pool_s = (a - b for a, b in zip(_ttft_sums(deployment), ttft_before,
@@ -190,7 +185,7 @@ def test_concurrent_disaggregated_requests_leave_no_request_behind(deployment):
     results = asyncio.run(run())
     assert all(r.usage.completion_tokens == 12 for r in results)
     for pool in ("prefill", "decode"):
-        assert _stats(pool).num_unfinished == 0
+        assert pool_stats(pool).num_unfinished == 0
 
 
 def test_parity_50_prompts_up_to_context_limit_16_in_flight(deployment):
@@ -304,7 +299,6 @@ def test_streams_started_under_load_are_coalesced_and_keep_their_tokens(deployme
 def test_mixed_load_with_cancellations_frees_everything(deployment):
     """64 requests of mixed lengths, every fourth cancelled by the client mid-stream: the others
     complete with exact token counts, and afterwards neither pool holds a request or KV block."""
-    import time
 
     import numpy as np
 
@@ -337,13 +331,4 @@ def test_mixed_load_with_cancellations_frees_everything(deployment):
 
     results = asyncio.run(run())
     assert [r for i, r in enumerate(results) if i % 4] == [24] * 48
-    deadline = time.monotonic() + 120  # bounded by the NIXL abort timeout for unfetched blocks
-    while time.monotonic() < deadline:
-        stats = {pool: _stats(pool) for pool in ("prefill", "decode")}
-        if all(s.num_unfinished == 0 and s.kv_cache_usage == 0 for s in stats.values()):
-            break
-        time.sleep(2)
-    assert {p: (s.num_unfinished, s.kv_cache_usage) for p, s in stats.items()} == {
-        "prefill": (0, 0.0),
-        "decode": (0, 0.0),
-    }
+    assert pools_at_rest() == {"prefill": (0, 0.0), "decode": (0, 0.0)}
