@@ -32,6 +32,7 @@ from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_re
 from splitserve.router.coalescing import stream_interval
 from splitserve.router.errors import APIError, bad_request, server_error, unavailable
 from splitserve.router.metrics import RouterMetrics
+from splitserve.router.pace import PaceMeter
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 from splitserve.router.retry import (
     classify,
@@ -69,7 +70,11 @@ log = logging.getLogger("splitserve.router")
 
 
 class Dispatcher:
-    """Sends requests to pool handles; translates worker failures into `APIError`s."""
+    """Sends requests to pool handles; translates worker failures into `APIError`s.
+
+    `tpot_slo_s`: the deployment's TPOT target, for the conditional policy's slow-decode rule
+    (None: the rule is off and no pace is measured).
+    """
 
     def __init__(
         self,
@@ -82,6 +87,7 @@ class Dispatcher:
         decode_migrations: int = 1,
         tracing: Tracing = NOOP_TRACING,
         streaming: StreamingConfig | None = None,
+        tpot_slo_s: float | None = None,
     ) -> None:
         self.pools = pools
         self.streaming = streaming or StreamingConfig()
@@ -98,6 +104,12 @@ class Dispatcher:
         self._remote = {"requests": 0, "tokens": 0}
         self._local_tokens = {"decode": 0, "prefill": 0}
         self._offloaded = 0
+        # What each pool's streams get now, per output token (the slow-decode rule's input),
+        # measured only where the rule can use it: a target given, the rule on, two pools.
+        self.tpot_slo_s = tpot_slo_s
+        slow_decode_on = (bool(tpot_slo_s) and disagg.slow_decode_tpot_fraction > 0
+                          and "prefill" in pools)
+        self.pace = {pool: PaceMeter() for pool in pools} if slow_decode_on else {}
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
@@ -110,7 +122,13 @@ class Dispatcher:
             decode_streams=decode.in_flight + decode.queued,
             decode_replicas=self.replicas.get("decode", 1),
             prefill_streams=self._offloaded,
+            decode_pace_s=self._pace("decode"),
+            prefill_pace_s=self._pace("prefill"),
         )
+
+    def _pace(self, pool: str) -> float:
+        meter = self.pace.get(pool)
+        return 0.0 if meter is None else meter.pace()
 
     def _path(self, req: GenerateRequest, load: PoolLoad) -> PrefillPath:
         if "prefill" not in self.pools:
@@ -121,6 +139,7 @@ class Dispatcher:
             load=load,
             cfg=self.disagg,
             max_tokens=req.sampling.max_tokens,
+            tpot_slo_s=self.tpot_slo_s,
         )
 
     def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
@@ -198,7 +217,8 @@ class Dispatcher:
 
         start = time.perf_counter()
         self.signals.arrival(pool, n_prompt, req.sampling.max_tokens or 0)
-        first, n_out = None, 0
+        first, n_out, last = None, 0, 0.0
+        pace = self.pace.get(pool)
         try:
             async with (
                 self.tracing.admit(self.tenancy, pool, tenant, n_prompt, parent) as ticket,
@@ -206,10 +226,15 @@ class Dispatcher:
             ):
                 async for chunk in chunks:
                     ticket.add_output(len(chunk.token_ids))
-                    if chunk.token_ids and first is None:
-                        first = time.perf_counter()
-                        self.signals.first_token(pool, first - start)
-                        release_local()
+                    if chunk.token_ids:
+                        now = time.perf_counter()
+                        if first is None:
+                            first = now
+                            self.signals.first_token(pool, first - start)
+                            release_local()
+                        elif pace is not None:
+                            pace.add(now - last, len(chunk.token_ids))
+                        last = now
                     n_out += len(chunk.token_ids)
                     yield chunk
             if first is not None:

@@ -24,6 +24,17 @@ where the remote path left the decode engine prefilling the spilled half of the 
 its own queue (BENCHMARKS.md, session 10). Ties and a full prefill queue stay on decode. A request
 without `max_tokens` counts as long.
 
+Then the slow-decode rule: while the decode pool's streams get their tokens slower than
+`slow_decode_tpot_fraction` of the TPOT SLO (their live pace, `router/pace.py`) and slower than
+the prefill pool's own streams, the prefill pool has fewer streams per replica, and the prefill
+queue is not full, the whole request (prefill and decode) runs on a prefill replica
+(`slow_decode`). A decode pool carries every stream that
+colocated engines would share, so it is the first to run out of step time when load grows or a
+shared host slows down; the prefill engine is a full engine, and then its spare capacity decodes
+too, as a second colocated engine would, until its streams are as slow or as many as decode's. Below the
+threshold nothing changes: decode steps stay free of prefill, which is what wins on decode-heavy
+load while decode keeps up (BENCHMARKS.md).
+
 Then, with `offload_to_prefill` on, the whole request (prefill and decode) runs on
 a prefill replica when the decode pool is the bottleneck: when the decode pool's streams per
 replica (at `decode_stream_cost_tokens` each) exceed the prefill pool's whole work per replica
@@ -53,6 +64,7 @@ class PrefillPath(str, Enum):
     OFFLOAD = "offload"  # the whole request runs on a prefill replica: decode is the bottleneck
     SHORT_OUTPUT = "short_output"  # a short output runs whole on decode (the less loaded pool)
     SHORT_OUTPUT_OFFLOAD = "short_output_offload"  # ... whole on prefill (the less loaded pool)
+    SLOW_DECODE = "slow_decode"  # whole on prefill: decode's streams are slower than the limit
 
     @property
     def remote(self) -> bool:
@@ -62,8 +74,12 @@ class PrefillPath(str, Enum):
     @property
     def pool(self) -> str:
         """The pool that generates the request's tokens."""
-        whole_on_prefill = self is PrefillPath.OFFLOAD or self is PrefillPath.SHORT_OUTPUT_OFFLOAD
-        return "prefill" if whole_on_prefill else "decode"
+        return "prefill" if self in _WHOLE_ON_PREFILL else "decode"
+
+
+_WHOLE_ON_PREFILL = frozenset(
+    {PrefillPath.OFFLOAD, PrefillPath.SHORT_OUTPUT_OFFLOAD, PrefillPath.SLOW_DECODE}
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,8 @@ class PoolLoad:
     local_prefill_tokens: prompt tokens of requests prefilling on decode, until their first token.
     decode_streams: requests waiting at or admitted through the decode gate.
     prefill_streams: whole requests offloaded to the prefill pool, until they finish.
+    decode_pace_s, prefill_pace_s: seconds per output token each pool's streams are getting now
+        (`router/pace.py`); 0.0 without recent tokens.
     """
 
     prefill_requests: int = 0
@@ -84,6 +102,8 @@ class PoolLoad:
     decode_streams: int = 0
     decode_replicas: int = 1
     prefill_streams: int = 0
+    decode_pace_s: float = 0.0
+    prefill_pace_s: float = 0.0
 
 
 def prefill_backlog(load: PoolLoad, cfg: DisaggregationConfig) -> float:
@@ -103,6 +123,18 @@ def decode_stream_load(load: PoolLoad, cfg: DisaggregationConfig) -> float:
     return load.decode_streams * cfg.decode_stream_cost_tokens / max(load.decode_replicas, 1)
 
 
+def slow_decode(load: PoolLoad, cfg: DisaggregationConfig, tpot_slo_s: float | None) -> bool:
+    """True when decode's streams are slower than the limit and than the prefill pool's, and
+    the prefill pool has fewer streams per replica (a burst that arrives before the paces move
+    then alternates between the pools instead of landing on prefill all at once)."""
+    if not tpot_slo_s or cfg.slow_decode_tpot_fraction <= 0:
+        return False
+    limit = cfg.slow_decode_tpot_fraction * tpot_slo_s
+    fewer = (load.prefill_streams / max(load.prefill_replicas, 1)
+             < load.decode_streams / max(load.decode_replicas, 1))
+    return load.decode_pace_s > limit and load.prefill_pace_s < load.decode_pace_s and fewer
+
+
 def prefill_path(
     *,
     prompt_tokens: int,
@@ -110,10 +142,12 @@ def prefill_path(
     load: PoolLoad,
     cfg: DisaggregationConfig,
     max_tokens: int | None = None,
+    tpot_slo_s: float | None = None,
 ) -> PrefillPath:
     """Where this prompt prefills (see the module docstring for the rule).
 
     max_tokens: the request's output limit; None (no limit given) counts as a long output.
+    tpot_slo_s: the deployment's TPOT target (`slo.tpot_ms`); None turns the slow-decode rule off.
     """
     if max_tokens is not None and max_tokens <= cfg.short_output_tokens:
         if load.prefill_requests < cfg.max_prefill_queue and (
@@ -121,6 +155,8 @@ def prefill_path(
         ):
             return PrefillPath.SHORT_OUTPUT_OFFLOAD
         return PrefillPath.SHORT_OUTPUT
+    if load.prefill_requests < cfg.max_prefill_queue and slow_decode(load, cfg, tpot_slo_s):
+        return PrefillPath.SLOW_DECODE
     if (
         cfg.offload_to_prefill
         and load.prefill_requests < cfg.max_prefill_queue

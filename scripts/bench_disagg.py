@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_disagg.py [--preset NAME ...] [--configs a,b,c]
         [--rates 0.5,1,2,4] [--num-requests 30] [--ttft-slo-ms 1000] [--tpot-slo-ms 100]
         [--seed 0] [--warmup 4] [--rounds 1] [--out bench-results/disagg]
-        [--set KEY=VALUE ...] [--env KEY=VALUE ...]
+        [--set KEY=VALUE ...] [--env KEY=VALUE ...] [--cpu-thieves 0]
 
 Configurations, deployed one after another on this machine (Ray in this process, through
 `tests.conftest.running_deployment`, on a free port), each with two engines:
@@ -16,7 +16,11 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  requests with at most `short_output_tokens` (32) output tokens run whole
                  on the less loaded worker; others prefill remotely when their prompt has
                  at least `min_remote_prompt_tokens` (128) tokens, on the decode worker
-                 when that is the faster path
+                 when that is the faster path; while decode's streams get their tokens
+                 slower than half the TPOT SLO (and than prefill's), whole requests run on
+                 the prefill worker (disaggregation.slow_decode_tpot_fraction 0.5)
+    conditional-noslow  the default policy without the slow-decode rule (fraction 0; the
+                 default before session 12)
     conditional-byprompt  the default policy without the short-output rule (short_output_tokens
                  0; the default before session 11): the path by the prompt alone
     conditional-offload  conditional, and whole requests run on the prefill worker when
@@ -38,6 +42,10 @@ Workload presets (`--preset`, repeatable; default both), Poisson arrivals, exact
 Each configuration is started once per round and runs every preset's sweep (one `splitserve
 bench` run per rate, each rate with prompts of its own, so that no rate hits a prefix cache an
 earlier one filled) after `--warmup` unmeasured requests.
+
+The TTFT and TPOT SLOs given are the deployments' `slo` too, which the slow-decode rule reads.
+`--cpu-thieves N` runs N busy-loop processes beside every configuration while it is measured:
+a shared host whose other tenants take CPU from the engines, the same for every configuration.
 
 `--rounds N` repeats the whole comparison N times, interleaved: round 1 runs the configurations
 in the order given, round 2 in reverse, and so on, so that a drift in the machine's load over
@@ -71,11 +79,14 @@ configurations with each other, not with a GPU cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -104,9 +115,12 @@ CONFIGS = {
         "disaggregation.spill_to_decode": False,
         "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
         "disaggregation.offload_to_prefill": False,
+        "disaggregation.slow_decode_tpot_fraction": 0,
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
+    # the default policy without the slow-decode rule, as before session 12
+    "conditional-noslow": {"mode": "disaggregated", "disaggregation.slow_decode_tpot_fraction": 0},
     # the default policy without its short-output rule, as before session 11
     "conditional-byprompt": {"mode": "disaggregated", "disaggregation.short_output_tokens": 0},
     # the default policy plus whole requests on an idle prefill engine (off by default)
@@ -149,6 +163,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="unmeasured requests per preset")
     p.add_argument("--rounds", type=int, default=1, help="interleaved repeats of the comparison")
     p.add_argument("--out", default="bench-results/disagg")
+    p.add_argument("--cpu-thieves", type=int, default=0, metavar="N",
+                   help="busy-loop processes running while each configuration is measured")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dotted config override for every configuration (YAML value), e.g. "
                    "tracing.file=/tmp/spans.jsonl; repeatable")
@@ -309,13 +325,26 @@ def parse_pair(item: str, parser: argparse.ArgumentParser, flag: str) -> tuple[s
     return key.strip(), value
 
 
+@contextlib.contextmanager
+def cpu_thieves(n: int) -> Iterator[None]:
+    """`n` busy-loop processes for the duration (a shared host's other tenants)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dict[str, dict]:
     """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset, each with
     the policy's decisions per rate (`decisions`: reason -> requests, warm-up excluded)."""
     sweeps = {}
-    cfg = test_config(**{**CONFIGS[name], **args.set})
+    slo = {"slo.ttft_ms": args.ttft_slo_ms, "slo.tpot_ms": args.tpot_slo_ms}
+    cfg = test_config(**{**CONFIGS[name], **slo, **args.set})
     start = time.perf_counter()
-    with running_deployment(cfg) as base:
+    with running_deployment(cfg) as base, cpu_thieves(args.cpu_thieves):
         print(f"[{name}] ready after {time.perf_counter() - start:.0f} s ({base})", flush=True)
         for preset in args.preset:
             bench = bench_config(args, base, preset, out / name / preset, seed)
@@ -356,6 +385,7 @@ def write_comparison(
         "configs": {c: CONFIGS[c] for c in args.configs},
         "overrides": args.set,
         "env": args.env,
+        "cpu_thieves": args.cpu_thieves,
         "results": results,
         "rounds": rounds,
     })

@@ -58,6 +58,7 @@ DISAGG = {
     "disaggregation.spill_to_decode": False,
     "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
     "disaggregation.offload_to_prefill": False,
+    "disaggregation.slow_decode_tpot_fraction": 0,
 }
 COLOCATED = {"mode": "colocated"}
 STATS_WAIT_S = 2.0  # the stat logger records a step's connector stats just after the step

@@ -312,6 +312,7 @@ def run_policy(
             "disaggregation.spill_to_decode": False,
             "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
+            "disaggregation.slow_decode_tpot_fraction": 0,
             "router.routing.prefill": policy,
             "router.routing.block_size": ENGINE_BLOCK,
             "tenants": tenants_config(keys),

@@ -133,6 +133,7 @@ def variant_config(ratio: float | None, endpoint: str):
         "disaggregation.spill_to_decode": False,
         "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
         "disaggregation.offload_to_prefill": False,
+        "disaggregation.slow_decode_tpot_fraction": 0,
     }
     if ratio is not None:
         overrides["tracing"] = {"enabled": True, "sample_ratio": ratio, "otlp_endpoint": endpoint}

@@ -317,6 +317,15 @@ class DisaggregationConfig(_Strict):
         "decode pool (router/policy.py; BENCHMARKS.md, long prompts with short outputs). "
         "0: off, every request takes the rules below.",
     )
+    slow_decode_tpot_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="While the decode pool's streams get their tokens slower than this fraction "
+        "of `slo.tpot_ms` (live, as the router sees them) and slower than the prefill pool's "
+        "streams, whole requests run on a prefill replica (router/policy.py, slow_decode): the "
+        "prefill engine's spare capacity decodes too, as a second colocated engine would. 0: off.",
+    )
     offload_to_prefill: bool = Field(
         False,
         description="Run whole requests on a prefill replica when the decode pool is the "

@@ -14,8 +14,10 @@ With `routing` (a deployment's `DisaggregationConfig`), each disaggregated arriv
 router's own `prefill_path` (router/policy.py) where it goes, with a `PoolLoad` counted from the
 simulated pools exactly as the dispatcher counts its own (`router/dispatch.py`): REMOTE as above;
 SHORT, QUEUE_FULL and SPILL prefill on a decode replica, which pauses its decode for the prompt
-as a colocated replica does, and so does SHORT_OUTPUT; OFFLOAD and SHORT_OUTPUT_OFFLOAD run the
-whole request on a prefill replica, which then decodes it too. Without `routing` every prompt goes remote (the planner's pure disaggregation).
+as a colocated replica does, and so does SHORT_OUTPUT; OFFLOAD, SHORT_OUTPUT_OFFLOAD and
+SLOW_DECODE run the whole request on a prefill replica, which then decodes it too. A pool's live
+pace (the slow-decode rule's input, with `tpot_slo_s`) is its decoding replicas' mean step time.
+Without `routing` every prompt goes remote (the planner's pure disaggregation).
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ class Simulation:
     disaggregated only, the conditional-disaggregation settings the router's policy decides
     with (None: every prompt is prefilled remotely). `router_replicas`: how many router
     replicas share the traffic; each decides with its own share of the work in flight (the
-    policy's counts are per router replica), modelled as 1/`router_replicas` of the pools'."""
+    policy's counts are per router replica), modelled as 1/`router_replicas` of the pools'.
+    `tpot_slo_s`: the TPOT target the policy's slow-decode rule reads (None: rule off)."""
 
     def __init__(self, trace: Trace, specs: dict[str, PoolSpec], controller: Controller,
                  seed: int = 0, drain_s: float = 600.0,
-                 routing: DisaggregationConfig | None = None, router_replicas: int = 1) -> None:
+                 routing: DisaggregationConfig | None = None, router_replicas: int = 1,
+                 tpot_slo_s: float | None = None) -> None:
         if router_replicas < 1:
             raise ValueError("router_replicas must be at least 1")
         self.trace, self.ctl, self.router_replicas = trace, controller, router_replicas
@@ -70,6 +74,7 @@ class Simulation:
         # Requests that decode on the replica that prefilled them: all of them when colocated.
         self.local = [self.front is self.back] * n
         self.routing = routing if self.front is not self.back else None
+        self.tpot_slo_s = tpot_slo_s  # the slow-decode rule's target (None: rule off)
         self.paths: dict[PrefillPath, int] = {}  # decisions taken, by path
         # The router's view of its work in flight, counted as router/dispatch.py counts it.
         self.remote_reqs = self.remote_tokens = 0  # remote prefills, until their handoff
@@ -123,7 +128,7 @@ class Simulation:
         path = PrefillPath.REMOTE
         if self.routing is not None:
             path = prefill_path(prompt_tokens=p, expected_cached_tokens=0, load=self.load(),
-                                cfg=self.routing, max_tokens=o)
+                                cfg=self.routing, max_tokens=o, tpot_slo_s=self.tpot_slo_s)
             self.paths[path] = self.paths.get(path, 0) + 1
         remote_side = path is PrefillPath.REMOTE or path.pool == "prefill"
         pool = self.front if remote_side else self.back
@@ -159,6 +164,8 @@ class Simulation:
             decode_streams=round(self.decode_streams / r),
             decode_replicas=len(self.back.routable),
             prefill_streams=round(self.offloaded / r),
+            decode_pace_s=_pace(self.back),
+            prefill_pace_s=_pace(self.front),
         )
 
     def _route(self, pool: Pool, req: int, now: float) -> None:
@@ -318,6 +325,13 @@ class Simulation:
             pool.reset_period()
         self.push(now + period, TICK, None)
         return True
+
+
+def _pace(pool: Pool) -> float:
+    """A pool's seconds per output token now (`router/pace.py`'s live pace): the mean decode
+    step time of its replicas that are decoding; 0.0 when none is."""
+    steps = [rep.step_s for rep in pool.routable if rep.n and rep.step_s < math.inf]
+    return sum(steps) / len(steps) if steps else 0.0
 
 
 def _row(role: str, s, decision, pool: Pool) -> dict:

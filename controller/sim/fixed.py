@@ -101,6 +101,7 @@ def run_fixed(dep: FixedDeployment, trace: Trace, seed: int = 0) -> SimResult:
              for role, n in dep.replicas.items()}
     ctl = Controller(ControlSpec("fixed-peak"), dict(dep.replicas))
     sim = Simulation(trace, specs, ctl, seed=seed,
-                     routing=dep.routing if dep.mode == "disaggregated" else None)
+                     routing=dep.routing if dep.mode == "disaggregated" else None,
+                     tpot_slo_s=dep.slo.tpot_s)
     raw = sim.run()
     return summarize(raw, trace, dep.slo, sim.pools, sim.timeline, "fixed", dep.mode)

@@ -72,6 +72,7 @@ def deployment():
         **{
             "mode": "disaggregated",
             "disaggregation.offload_to_prefill": False,  # phase 1 must load the decode pool
+            "disaggregation.slow_decode_tpot_fraction": 0,
             "disaggregation.short_output_tokens": 0,  # ... and so must short outputs
             "placement.share_cores": True,
             "autoscaling.policy": "queue",

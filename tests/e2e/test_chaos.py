@@ -81,6 +81,7 @@ def deployment(span_file):
             "disaggregation.spill_to_decode": False,  # faults must hit the remote path
             "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
+            "disaggregation.slow_decode_tpot_fraction": 0,
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,
             "faults": FAULTS.model_dump(),

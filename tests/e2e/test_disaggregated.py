@@ -43,6 +43,7 @@ def deployment():
             "disaggregation.spill_to_decode": False,
             "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
+            "disaggregation.slow_decode_tpot_fraction": 0,
         }
     )
     with shared_deployment(cfg) as base:  # shared with test_params

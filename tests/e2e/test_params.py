@@ -215,6 +215,7 @@ def results(tok) -> dict[str, dict[str, Any]]:
             "disaggregation.spill_to_decode": False,
             "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
+            "disaggregation.slow_decode_tpot_fraction": 0,
         },
     }
     out = {}

@@ -44,6 +44,7 @@ def deployment(tmp_path_factory):
         "disaggregation.spill_to_decode": False,
         "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
         "disaggregation.offload_to_prefill": False,
+        "disaggregation.slow_decode_tpot_fraction": 0,
     })
     with running_deployment(cfg) as base:
         yield base, str(spans)

@@ -29,6 +29,7 @@ class _Gated:
 
     def __init__(self, chunks, fail: BaseException | None = None) -> None:
         self.chunks = chunks
+        self.gaps: list[float] = []  # pauses before the second, third, ... chunk
         self.fail = fail
         self.release = asyncio.Event()
         self.started = asyncio.Event()
@@ -48,11 +49,13 @@ class _Gated:
         await self.release.wait()
         if self.fail is not None:
             raise self.fail
-        for c in self.chunks:
+        for i, c in enumerate(self.chunks):
+            if 0 < i <= len(self.gaps):
+                await asyncio.sleep(self.gaps[i - 1])
             yield c
 
 
-def _setup(**disagg):
+def _setup(tpot_slo_s: float | None = None, **disagg):
     # No handoff cost: the first long prompt then goes remote on idle pools (see test_policy);
     # no short-output rule: the requests' 2 output tokens would otherwise skip the handoff.
     cfg = parse_config({"mode": "disaggregated", "disaggregation": {
@@ -62,7 +65,7 @@ def _setup(**disagg):
     metrics = RouterMetrics()
     d = Dispatcher(
         {"prefill": prefill, "decode": decode}, cfg.disaggregation, metrics,
-        Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1},
+        Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1}, tpot_slo_s=tpot_slo_s,
     )
     return d, prefill, decode, metrics
 
@@ -259,3 +262,41 @@ def test_a_remote_prompt_reports_its_output_tokens_to_both_pools():
         assert (late["decode"].arrivals, late["decode"].output_tokens) == (1, 2)
 
     asyncio.run(run())
+
+
+def test_a_slow_decode_pool_hands_whole_requests_to_prefill():
+    """The dispatcher measures each pool's pace from its chunks' gaps (router/pace.py): decode
+    streaming at 80 ms per token is slower than half a 100 ms TPOT target, so a request arriving
+    meanwhile runs whole on the prefill pool (no handoff) and counts there until it ends."""
+    async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
+        d, prefill, decode, metrics = _setup(tpot_slo_s=0.1, min_remote_prompt_tokens=2000)
+        decode.chunks = [GenerateChunk((1,), "a"), GenerateChunk((2,), "b"),
+                         GenerateChunk((3,), "c", "length")]
+        decode.gaps = [0.08, 1.0]  # the stream is still on decode when the next request comes
+        prefill.chunks = [GenerateChunk((5,), "x"), GenerateChunk((6,), "y", "length")]
+        decode.release.set()
+        out: list = []
+        first = asyncio.create_task(_drain(d, _req(100, 1), out))  # short prompt: on decode
+        while d.load().decode_pace_s == 0.0:
+            await asyncio.sleep(0.01)
+        assert d.load().decode_pace_s >= 0.08 and d.load().prefill_pace_s == 0.0
+        second = asyncio.create_task(_drain(d, _req(100, 2), out))
+        await prefill.started.wait()
+        assert d.load().prefill_streams == 1
+        [sent] = prefill.requests
+        assert sent.sampling.max_tokens == 2 and sent.kv_transfer_params is None
+        assert (_reason(metrics, "short"), _reason(metrics, "slow_decode")) == (1, 1)
+        prefill.release.set()
+        await asyncio.gather(first, second)
+        assert sorted(out) == [(1,), (2,), (3,), (5,), (6,)]
+        assert len(decode.requests) == 1 and d.load().prefill_streams == 0
+
+    asyncio.run(run())
+
+
+def test_without_a_tpot_target_no_pace_is_measured():
+    d, *_ = _setup(min_remote_prompt_tokens=2000)
+    assert d.pace == {} and d.load() == PoolLoad()

@@ -186,6 +186,77 @@ def test_short_outputs_alternate_between_the_pools_like_two_colocated_engines():
     assert paths == [PrefillPath.SHORT_OUTPUT, PrefillPath.SHORT_OUTPUT_OFFLOAD] * 3
 
 
+SLO = 0.1  # TPOT target 100 ms; the default fraction 0.5 makes the limit 50 ms
+
+
+def _slow(prompt, load, max_tokens=256, cfg=CFG, tpot_slo_s=SLO) -> PrefillPath:
+    return prefill_path(prompt_tokens=prompt, expected_cached_tokens=0, load=load, cfg=cfg,
+                        max_tokens=max_tokens, tpot_slo_s=tpot_slo_s)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "load", "want"),
+    [
+        # decode's streams at 60 ms per token, nothing on prefill: whole requests go there
+        (10, PoolLoad(decode_streams=40, decode_pace_s=0.06), PrefillPath.SLOW_DECODE),
+        (1536, PoolLoad(decode_streams=40, decode_pace_s=0.06), PrefillPath.SLOW_DECODE),
+        # at or under the limit: the prompt rules (short prompt local, long one remote)
+        (10, PoolLoad(decode_streams=40, decode_pace_s=0.05), PrefillPath.SHORT),
+        (1536, PoolLoad(decode_streams=40, decode_pace_s=0.03), PrefillPath.REMOTE),
+        # the prefill pool's own streams as slow or slower: no gain in moving
+        (10, PoolLoad(decode_streams=9, decode_pace_s=0.06, prefill_streams=5,
+                      prefill_pace_s=0.06), PrefillPath.SHORT),
+        (10, PoolLoad(decode_streams=9, decode_pace_s=0.08, prefill_streams=5,
+                      prefill_pace_s=0.07), PrefillPath.SLOW_DECODE),
+        # ... or as many streams per replica: a burst alternates instead of herding
+        (10, PoolLoad(decode_streams=5, decode_pace_s=0.08, prefill_streams=5),
+         PrefillPath.SHORT),
+        (10, PoolLoad(decode_streams=9, decode_pace_s=0.08, prefill_streams=5,
+                      prefill_replicas=2), PrefillPath.SLOW_DECODE),
+        # decode's pace lingers for the meter's window after its last stream ended: no streams,
+        # nothing to relieve
+        (10, PoolLoad(decode_pace_s=0.08), PrefillPath.SHORT),
+        # a full prefill queue takes nothing more
+        (10, PoolLoad(decode_pace_s=0.2, prefill_requests=4), PrefillPath.SHORT),
+    ],
+)
+def test_slow_decode_runs_whole_requests_on_the_faster_prefill_pool(prompt, load, want):
+    got = _slow(prompt, load)
+    assert got is want
+    assert got.pool == ("prefill" if want is PrefillPath.SLOW_DECODE else "decode")
+    assert not got.remote or want is PrefillPath.REMOTE
+
+
+def test_slow_decode_rule_off_without_a_target_or_with_fraction_zero():
+    load = PoolLoad(decode_streams=8, decode_pace_s=0.5)
+    assert _slow(1536, load, tpot_slo_s=None) is PrefillPath.REMOTE
+    off = CFG.model_copy(update={"slow_decode_tpot_fraction": 0.0})
+    assert _slow(1536, load, cfg=off) is PrefillPath.REMOTE
+    # a higher fraction raises the limit: 0.9 x 100 ms = 90 ms > 60 ms
+    lax = CFG.model_copy(update={"slow_decode_tpot_fraction": 0.9})
+    assert _slow(1536, PoolLoad(decode_streams=8, decode_pace_s=0.06), cfg=lax) is PrefillPath.REMOTE
+
+
+def test_a_burst_beside_slow_decode_streams_alternates_between_the_pools():
+    """Arrivals faster than the paces move (decode stays slow, prefill's streams have no pace
+    yet): the stream counts keep the prefill pool from taking the whole burst."""
+    streams = {"prefill": 0, "decode": 1}
+    for _ in range(9):
+        path = _slow(10, PoolLoad(decode_streams=streams["decode"], decode_pace_s=0.08,
+                                  prefill_streams=streams["prefill"]))
+        streams[path.pool] += 1
+    assert streams == {"prefill": 5, "decode": 5}
+
+
+def test_short_outputs_keep_their_own_rule_when_decode_is_slow():
+    """A short output goes to the pool with less work ahead either way: the slow-decode rule
+    is for the streams that would hold a decode slot for long."""
+    cfg = CFG.model_copy(update={"short_output_tokens": 32})
+    load = PoolLoad(decode_streams=3, decode_pace_s=0.2, prefill_requests=1, prefill_tokens=500)
+    assert _slow(1536, load, max_tokens=16, cfg=cfg) is PrefillPath.SHORT_OUTPUT
+    assert _slow(1536, load, max_tokens=33, cfg=cfg) is PrefillPath.SLOW_DECODE
+
+
 def test_zero_threshold_sends_everything_remote():
     cfg = DisaggregationConfig(min_remote_prompt_tokens=0, spill_to_decode=False)
     assert _path(1, cfg=cfg) is PrefillPath.REMOTE

@@ -27,6 +27,7 @@ from tests.scripts import load_script
 # scripts/bench_disagg.py's configurations: every prompt remote / the default policy.
 DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0,
           "disaggregation.spill_to_decode": False, "disaggregation.offload_to_prefill": False,
+          "disaggregation.slow_decode_tpot_fraction": 0,
           "disaggregation.short_output_tokens": 0}
 COLOCATED = {"mode": "colocated", "pools.decode.replicas": 2}
 CONDITIONAL = {"mode": "disaggregated"}
@@ -207,6 +208,24 @@ def test_short_outputs_run_whole_on_the_less_loaded_pool_as_on_colocated_engines
     # Past the threshold, the prompt's own rules decide again.
     long = run_fixed(d, replay_trace([0.0], [1536], [33], rate=1.0))
     assert long.paths == {"spill": 1}
+
+
+def test_a_slow_decode_pool_hands_whole_requests_to_the_prefill_replica() -> None:
+    # Long streams arriving together. With a TPOT target the decode engine's step already
+    # exceeds (1 ms: limit 0.5 ms), arrivals after the first decoding ones run whole on the
+    # prefill replica while its streams are faster: both engines decode, as two colocated ones.
+    n = 12
+    trace = replay_trace(np.arange(n) * 0.01, [128] * n, [256] * n, rate=100.0)
+    tight = run_fixed(deployment(**CONDITIONAL, **{"slo.tpot_ms": 1}), trace)
+    assert tight.paths.get("slow_decode", 0) > 0 and tight.completed == n
+    assert 0 < sum(v for k, v in tight.paths.items() if k != "slow_decode")  # decode has some
+    # With the default 100 ms target this light load never slows decode: the rule stays idle.
+    default = run_fixed(deployment(**CONDITIONAL), trace)
+    assert "slow_decode" not in default.paths and default.completed == n
+    assert tight.tpot_p50_s < default.tpot_p50_s  # two engines decode instead of one
+    off = deployment(**CONDITIONAL, **{"slo.tpot_ms": 1,
+                                       "disaggregation.slow_decode_tpot_fraction": 0})
+    assert "slow_decode" not in run_fixed(off, trace).paths
 
 
 # --- scripts/sim_vs_measured.py ----------------------------------------------------------------
