@@ -3,8 +3,12 @@
 Conditional disaggregation decides, per request, where its prompt is prefilled: in the prefill
 pool (remote, the KV then moves to decode over NIXL) or on the decode worker itself (local).
 
-1. A prompt with fewer uncached tokens than `min_remote_prompt_tokens` prefills locally: the
-   handoff's fixed cost (NIXL moves whole blocks; a second hop) outweighs the prefill.
+1. A prompt with fewer uncached tokens than `min_remote_prompt_tokens` prefills locally on the
+   decode worker (`short`): the handoff's fixed cost (NIXL moves whole blocks; a second hop)
+   outweighs the prefill. With `short_prompts_either_pool` (off by default: on two CPU cores it
+   cost more than it gained, BENCHMARKS.md session 12) the whole request runs instead on the pool
+   with less work ahead of its first token, as on two colocated engines (`short` on decode,
+   `short_offload` on prefill; ties stay on decode).
 2. With `max_prefill_queue` prefills already waiting or running, the prompt prefills locally.
 3. With `spill_to_decode` on, the prompt prefills locally when that is the faster path: when
    the prefill pool's backlog per replica (uncached prompt tokens waiting or being prefilled)
@@ -24,16 +28,14 @@ where the remote path left the decode engine prefilling the spilled half of the 
 its own queue (BENCHMARKS.md, session 10). Ties and a full prefill queue stay on decode. A request
 without `max_tokens` counts as long.
 
-Then the slow-decode rule: while the decode pool's streams get their tokens slower than
-`slow_decode_tpot_fraction` of the TPOT SLO (their live pace, `router/pace.py`) and slower than
-the prefill pool's own streams, the prefill pool has fewer streams per replica, and the prefill
-queue is not full, the whole request (prefill and decode) runs on a prefill replica
-(`slow_decode`). A decode pool carries every stream that
-colocated engines would share, so it is the first to run out of step time when load grows or a
-shared host slows down; the prefill engine is a full engine, and then its spare capacity decodes
-too, as a second colocated engine would, until its streams are as slow or as many as decode's. Below the
-threshold nothing changes: decode steps stay free of prefill, which is what wins on decode-heavy
-load while decode keeps up (BENCHMARKS.md).
+Then the slow-decode rule, off by default (`slow_decode_tpot_fraction` 0): while the decode
+pool's streams get their tokens slower than that fraction of the TPOT SLO (their live pace,
+`router/pace.py`) and slower than the prefill pool's own streams, the prefill pool has fewer
+streams per replica, and the prefill queue is not full, the whole request (prefill and decode)
+runs on a prefill replica (`slow_decode`): a decode pool carries every stream that colocated
+engines would share, and the prefill engine is a full engine whose spare capacity could decode
+too. On two CPU cores it cost more than it gained (BENCHMARKS.md, session 12): the prefill
+engine's streams stall behind the remote prefills it also runs.
 
 Then, with `offload_to_prefill` on, the whole request (prefill and decode) runs on
 a prefill replica when the decode pool is the bottleneck: when the decode pool's streams per
@@ -57,7 +59,8 @@ class PrefillPath(str, Enum):
     """Where a prompt is prefilled, and why (the `reason` label of the decision counter)."""
 
     REMOTE = "remote"
-    SHORT = "short"  # too few uncached tokens for a handoff
+    SHORT = "short"  # too few uncached tokens for a handoff: whole on decode
+    SHORT_OFFLOAD = "short_offload"  # ... whole on prefill (the less loaded pool)
     QUEUE_FULL = "queue_full"  # max_prefill_queue prefills in flight
     SPILL = "spill"  # prefilling on decode is the faster path
     COLOCATED = "colocated"  # no prefill pool deployed
@@ -78,7 +81,8 @@ class PrefillPath(str, Enum):
 
 
 _WHOLE_ON_PREFILL = frozenset(
-    {PrefillPath.OFFLOAD, PrefillPath.SHORT_OUTPUT_OFFLOAD, PrefillPath.SLOW_DECODE}
+    {PrefillPath.OFFLOAD, PrefillPath.SHORT_OUTPUT_OFFLOAD, PrefillPath.SLOW_DECODE,
+     PrefillPath.SHORT_OFFLOAD}
 )
 
 
@@ -123,6 +127,13 @@ def decode_stream_load(load: PoolLoad, cfg: DisaggregationConfig) -> float:
     return load.decode_streams * cfg.decode_stream_cost_tokens / max(load.decode_replicas, 1)
 
 
+def _prefill_less_loaded(load: PoolLoad, cfg: DisaggregationConfig) -> bool:
+    """A whole request would start sooner on prefill: less work ahead there, room in its queue."""
+    return load.prefill_requests < cfg.max_prefill_queue and (
+        prefill_backlog(load, cfg) < decode_backlog(load, cfg)
+    )
+
+
 def slow_decode(load: PoolLoad, cfg: DisaggregationConfig, tpot_slo_s: float | None) -> bool:
     """True when decode's streams are slower than the limit and than the prefill pool's, and
     the prefill pool has fewer streams per replica (a burst that arrives before the paces move
@@ -150,9 +161,7 @@ def prefill_path(
     tpot_slo_s: the deployment's TPOT target (`slo.tpot_ms`); None turns the slow-decode rule off.
     """
     if max_tokens is not None and max_tokens <= cfg.short_output_tokens:
-        if load.prefill_requests < cfg.max_prefill_queue and (
-            prefill_backlog(load, cfg) < decode_backlog(load, cfg)
-        ):
+        if _prefill_less_loaded(load, cfg):
             return PrefillPath.SHORT_OUTPUT_OFFLOAD
         return PrefillPath.SHORT_OUTPUT
     if load.prefill_requests < cfg.max_prefill_queue and slow_decode(load, cfg, tpot_slo_s):
@@ -165,6 +174,8 @@ def prefill_path(
         return PrefillPath.OFFLOAD
     uncached = max(prompt_tokens - expected_cached_tokens, 0)
     if uncached < cfg.min_remote_prompt_tokens:
+        if cfg.short_prompts_either_pool and _prefill_less_loaded(load, cfg):
+            return PrefillPath.SHORT_OFFLOAD
         return PrefillPath.SHORT
     if load.prefill_requests >= cfg.max_prefill_queue:
         return PrefillPath.QUEUE_FULL

@@ -16,11 +16,12 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  requests with at most `short_output_tokens` (32) output tokens run whole
                  on the less loaded worker; others prefill remotely when their prompt has
                  at least `min_remote_prompt_tokens` (128) tokens, on the decode worker
-                 when that is the faster path; while decode's streams get their tokens
-                 slower than half the TPOT SLO (and than prefill's), whole requests run on
-                 the prefill worker (disaggregation.slow_decode_tpot_fraction 0.5)
-    conditional-noslow  the default policy without the slow-decode rule (fraction 0; the
-                 default before session 12)
+                 when that is the faster path
+    conditional-slow  the default policy, and while decode's streams get their tokens slower
+                 than half the TPOT SLO (and than prefill's), whole requests run on the
+                 prefill worker (disaggregation.slow_decode_tpot_fraction 0.5, off by default)
+    conditional-either  the default policy, and prompts under 256 tokens run whole on the
+                 less loaded worker (min_remote_prompt_tokens 256, short_prompts_either_pool)
     conditional-byprompt  the default policy without the short-output rule (short_output_tokens
                  0; the default before session 11): the path by the prompt alone
     conditional-offload  conditional, and whole requests run on the prefill worker when
@@ -119,8 +120,13 @@ CONFIGS = {
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
-    # the default policy without the slow-decode rule, as before session 12
-    "conditional-noslow": {"mode": "disaggregated", "disaggregation.slow_decode_tpot_fraction": 0},
+    # the default policy with the slow-decode rule on (off by default)
+    "conditional-slow": {"mode": "disaggregated", "disaggregation.slow_decode_tpot_fraction": 0.5},
+    # prompts under 256 tokens run whole on the less loaded worker (off by default)
+    "conditional-either": {
+        "mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 256,
+        "disaggregation.short_prompts_either_pool": True,
+    },
     # the default policy without its short-output rule, as before session 11
     "conditional-byprompt": {"mode": "disaggregated", "disaggregation.short_output_tokens": 0},
     # the default policy plus whole requests on an idle prefill engine (off by default)

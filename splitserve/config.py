@@ -281,8 +281,16 @@ class DisaggregationConfig(_Strict):
     min_remote_prompt_tokens: int = Field(
         128,
         ge=0,
-        description="Prompts with fewer uncached tokens prefill locally on decode. The default is "
-        "one CPU KV block: NIXL moves whole blocks, so a shorter prompt would move nothing.",
+        description="Prompts with fewer uncached tokens prefill locally. The default is one CPU "
+        "KV block: NIXL moves whole blocks, so a shorter prompt would move nothing.",
+    )
+    short_prompts_either_pool: bool = Field(
+        False,
+        description="A request whose prompt is too short for a handoff runs whole on the pool "
+        "with less work ahead of its first token (`short` / `short_offload`), as on two "
+        "colocated engines. Off (the default): it prefills and decodes on the decode worker; "
+        "on two CPU cores, whole requests on both engines of a disaggregated deployment cost "
+        "more than on colocated engines (BENCHMARKS.md, session 12).",
     )
     max_prefill_queue: int = Field(
         64, ge=1, description="Above this many prefills in flight, new prompts prefill locally."
@@ -318,13 +326,15 @@ class DisaggregationConfig(_Strict):
         "0: off, every request takes the rules below.",
     )
     slow_decode_tpot_fraction: float = Field(
-        0.5,
+        0.0,
         ge=0,
         le=1,
         description="While the decode pool's streams get their tokens slower than this fraction "
         "of `slo.tpot_ms` (live, as the router sees them) and slower than the prefill pool's "
         "streams, whole requests run on a prefill replica (router/policy.py, slow_decode): the "
-        "prefill engine's spare capacity decodes too, as a second colocated engine would. 0: off.",
+        "prefill engine's spare capacity decodes too, as a second colocated engine would. 0 (the "
+        "default): off; on two CPU cores it cost more than it gained (BENCHMARKS.md, session 12): "
+        "a prefill engine's streams stall behind the remote prefills it also runs.",
     )
     offload_to_prefill: bool = Field(
         False,

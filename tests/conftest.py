@@ -127,6 +127,33 @@ def pool_stats(pool: str):
     return serve.get_deployment_handle(pool, app_name="splitserve").stats.remote().result()
 
 
+def disagg_reasons(base_url: str) -> dict[str, float]:
+    """The router's conditional-disaggregation decisions so far, by reason (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+        if s.name == "splitserve_disagg_reasons_total"
+    }
+
+
+async def decoding_stream(client, model: str, chunks: int = 1):
+    """A long greedy stream (1500 tokens, short prompt: decoded on the decode worker), read
+    until `chunks` text chunks have arrived; close it when done with it."""
+    stream = await client.completions.create(
+        model=model, prompt="a stream that keeps the decode worker busy", max_tokens=1500,
+        temperature=0, stream=True, extra_body={"min_tokens": 1500},
+    )
+    seen = 0
+    async for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].text)
+        if seen >= chunks:
+            break
+    return stream
+
+
 def pools_at_rest(
     pools: tuple[str, ...] = ("prefill", "decode"), timeout_s: float = 120.0
 ) -> dict[str, tuple[int, float]]:

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import numpy as np
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from splitserve.config import load_config
-from tests.conftest import direct_greedy, pool_stats, pools_at_rest, running_deployment, test_config
+from tests.conftest import (
+    decoding_stream,
+    direct_greedy,
+    disagg_reasons,
+    pool_stats,
+    pools_at_rest,
+    running_deployment,
+    test_config,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -37,16 +43,6 @@ def client(deployment):
     return openai.OpenAI(base_url=f"{deployment}/v1", api_key="unused", max_retries=0, timeout=600)
 
 
-def _reasons(deployment: str) -> dict[str, float]:
-    """The router's conditional-disaggregation decisions by reason."""
-    text = httpx.get(f"{deployment}/metrics", timeout=30).text
-    return {
-        s.labels["reason"]: s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-        if s.name == "splitserve_disagg_reasons_total"
-    }
-
-
 def _moved() -> float:
     return pool_stats("decode").kv_bytes_received
 
@@ -63,9 +59,9 @@ def _greedy(client, ids: list[int], max_tokens: int) -> list[int]:
 
 def test_a_short_output_on_idle_pools_runs_whole_on_decode(deployment, client):
     ids = _prompt(1)
-    before, moved = _reasons(deployment), _moved()
+    before, moved = disagg_reasons(deployment), _moved()
     got = _greedy(client, ids, 8)
-    after = _reasons(deployment)
+    after = disagg_reasons(deployment)
     assert after.get("short_output", 0) == before.get("short_output", 0) + 1
     assert after.get("remote", 0) == before.get("remote", 0)
     assert _moved() == moved  # no KV came over NIXL: decode prefilled it itself
@@ -79,19 +75,13 @@ def test_a_short_output_beside_a_decoding_stream_runs_whole_on_prefill(deploymen
         async with openai.AsyncOpenAI(base_url=f"{deployment}/v1", api_key="x", max_retries=0,
                                       timeout=600) as c:
             # A long stream (short prompt: decoded on the decode worker) is decoding ...
-            stream = await c.completions.create(
-                model=MODEL, prompt="a stream that keeps the decode worker busy", max_tokens=1500,
-                temperature=0, stream=True, extra_body={"min_tokens": 1500},
-            )
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].text:
-                    break
+            stream = await decoding_stream(c, MODEL)
             # (Serve's sync handle calls must not run on this event loop.)
-            before, moved = await asyncio.to_thread(lambda: (_reasons(deployment), _moved()))
+            before, moved = await asyncio.to_thread(lambda: (disagg_reasons(deployment), _moved()))
             # ... so decode has more work ahead than the idle prefill worker: it runs there.
             r = await c.completions.create(model=MODEL, prompt=ids, max_tokens=SHORT,
                                            temperature=0, extra_body={"return_token_ids": True})
-            after = await asyncio.to_thread(_reasons, deployment)
+            after = await asyncio.to_thread(disagg_reasons, deployment)
             await stream.close()  # the client walks away from the stream
             return r.choices[0].model_extra["token_ids"], before, after, moved
 
@@ -104,9 +94,9 @@ def test_a_short_output_beside_a_decoding_stream_runs_whole_on_prefill(deploymen
 
 def test_a_longer_output_takes_the_prompt_rules(deployment, client):
     ids = _prompt(3)
-    before = _reasons(deployment)
+    before = disagg_reasons(deployment)
     got = _greedy(client, ids, SHORT + 1)
-    after = _reasons(deployment)
+    after = disagg_reasons(deployment)
     changed = {k for k in after if after[k] != before.get(k, 0)}
     assert len(changed) == 1 and not changed & {"short_output", "short_output_offload"}, changed
     assert got == direct_greedy(ids, SHORT + 1, fresh_cache=True)
@@ -138,9 +128,9 @@ def test_mixed_outputs_with_cancellations_leave_both_pools_empty(deployment):
                                       timeout=600) as c:
             return await asyncio.gather(*(one(c, i, n) for i, n in enumerate(outputs)))
 
-    before = _reasons(deployment)
+    before = disagg_reasons(deployment)
     results = asyncio.run(run())
-    after = _reasons(deployment)
+    after = disagg_reasons(deployment)
     assert [r for i, r in enumerate(results) if i % 4] == [n for i, n in enumerate(outputs) if i % 4]
     assert sum(after.get(k, 0) - before.get(k, 0) for k in ("short_output",
                                                               "short_output_offload")) == 8

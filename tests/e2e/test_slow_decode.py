@@ -1,7 +1,7 @@
 """The conditional policy's slow-decode rule end to end (router/policy.py, router/pace.py).
 
-One prefill and one decode worker with a TPOT target of 1 ms: any decoding stream is slower
-than half of it, so the rule is on whenever the decode worker streams. A request that arrives
+One prefill and one decode worker with the rule on (it is off by default) at half a TPOT target
+of 1 ms: any decoding stream is slower than that, so the rule applies whenever decode streams. A request that arrives
 while decode streams and the prefill worker's streams are faster (or absent) runs whole on the
 prefill worker: no KV moves, and its greedy tokens equal the engine's own. Under concurrency the
 streams spread over both workers; each finishes with its exact count and both pools end empty.
@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import numpy as np
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import direct_greedy, pool_stats, pools_at_rest, running_deployment, test_config
+from tests.conftest import (
+    decoding_stream,
+    direct_greedy,
+    disagg_reasons,
+    pool_stats,
+    pools_at_rest,
+    running_deployment,
+    test_config,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -27,17 +33,10 @@ LONG = 64  # above the short-output threshold (32): the prompt and slow-decode r
 
 @pytest.fixture(scope="module")
 def deployment():
-    with running_deployment(test_config(mode="disaggregated", **{"slo.tpot_ms": 1})) as base:
+    cfg = test_config(mode="disaggregated", **{
+        "slo.tpot_ms": 1, "disaggregation.slow_decode_tpot_fraction": 0.5})
+    with running_deployment(cfg) as base:
         yield base
-
-
-def _reasons(deployment: str) -> dict[str, float]:
-    text = httpx.get(f"{deployment}/metrics", timeout=30).text
-    return {
-        s.labels["reason"]: s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-        if s.name == "splitserve_disagg_reasons_total"
-    }
 
 
 def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -54,22 +53,14 @@ def test_a_request_beside_a_slow_decode_stream_runs_whole_on_prefill(deployment)
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{deployment}/v1", api_key="x", max_retries=0,
                                       timeout=600) as c:
-            # A long stream on the decode worker (short prompt: prefilled there) ...
-            stream = await c.completions.create(
-                model=MODEL, prompt="a stream that keeps the decode worker busy", max_tokens=1500,
-                temperature=0, stream=True, extra_body={"min_tokens": 1500},
-            )
-            pieces = 0
-            async for chunk in stream:  # a few tokens in: decode's pace is measured
-                pieces += bool(chunk.choices and chunk.choices[0].text)
-                if pieces == 8:
-                    break
+            # A long stream on the decode worker, a few tokens in: decode's pace is measured
+            stream = await decoding_stream(c, MODEL, chunks=8)
             # (Serve's sync handle calls must not run on this event loop.)
-            before = await asyncio.to_thread(_reasons, deployment)
+            before = await asyncio.to_thread(disagg_reasons, deployment)
             moved = await asyncio.to_thread(lambda: pool_stats("decode").kv_bytes_received)
             r = await c.completions.create(model=MODEL, prompt=ids, max_tokens=LONG,
                                            temperature=0, extra_body={"return_token_ids": True})
-            after = await asyncio.to_thread(_reasons, deployment)
+            after = await asyncio.to_thread(disagg_reasons, deployment)
             await stream.close()
             return r.choices[0].model_extra["token_ids"], before, after, moved
 
@@ -100,9 +91,9 @@ def test_concurrent_streams_spread_over_both_workers_and_leave_them_empty(deploy
             rest = await asyncio.gather(*(one(c, p) for p in prompts[1:]))
             return [await first, *rest]
 
-    before = _reasons(deployment)
+    before = disagg_reasons(deployment)
     counts = asyncio.run(run())
-    delta = _delta(before, _reasons(deployment))
+    delta = _delta(before, disagg_reasons(deployment))
     assert counts == [400] + [LONG] * 15
     assert sum(delta.values()) == 16
     assert delta.get("slow_decode", 0) >= 1, delta  # the prefill worker decoded too

@@ -272,7 +272,8 @@ def test_a_slow_decode_pool_hands_whole_requests_to_prefill():
         await asyncio.wait_for(body(), 10)
 
     async def body():
-        d, prefill, decode, metrics = _setup(tpot_slo_s=0.1, min_remote_prompt_tokens=2000)
+        d, prefill, decode, metrics = _setup(tpot_slo_s=0.1, min_remote_prompt_tokens=2000,
+                                             slow_decode_tpot_fraction=0.5)
         decode.chunks = [GenerateChunk((1,), "a"), GenerateChunk((2,), "b"),
                          GenerateChunk((3,), "c", "length")]
         decode.gaps = [0.08, 1.0]  # the stream is still on decode when the next request comes

@@ -9,10 +9,10 @@ from splitserve.kv_transfer.handoff import HandoffError, KVHandoff, prefill_requ
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 
 # No handoff cost here: these cases compare the two backlogs alone (the cost has its own tests);
-# no offload either (its own tests below).
+# no offload and short prompts always on decode either (their own tests below).
 CFG = DisaggregationConfig(
     min_remote_prompt_tokens=100, max_prefill_queue=4, decode_stream_cost_tokens=50,
-    handoff_cost_tokens=0, offload_to_prefill=False,
+    handoff_cost_tokens=0, offload_to_prefill=False, short_prompts_either_pool=False,
 )
 IDLE = PoolLoad()
 
@@ -186,10 +186,11 @@ def test_short_outputs_alternate_between_the_pools_like_two_colocated_engines():
     assert paths == [PrefillPath.SHORT_OUTPUT, PrefillPath.SHORT_OUTPUT_OFFLOAD] * 3
 
 
-SLO = 0.1  # TPOT target 100 ms; the default fraction 0.5 makes the limit 50 ms
+SLO = 0.1  # TPOT target 100 ms; a fraction of 0.5 makes the limit 50 ms
+SLOW_CFG = CFG.model_copy(update={"slow_decode_tpot_fraction": 0.5})
 
 
-def _slow(prompt, load, max_tokens=256, cfg=CFG, tpot_slo_s=SLO) -> PrefillPath:
+def _slow(prompt, load, max_tokens=256, cfg=SLOW_CFG, tpot_slo_s=SLO) -> PrefillPath:
     return prefill_path(prompt_tokens=prompt, expected_cached_tokens=0, load=load, cfg=cfg,
                         max_tokens=max_tokens, tpot_slo_s=tpot_slo_s)
 
@@ -230,10 +231,11 @@ def test_slow_decode_runs_whole_requests_on_the_faster_prefill_pool(prompt, load
 def test_slow_decode_rule_off_without_a_target_or_with_fraction_zero():
     load = PoolLoad(decode_streams=8, decode_pace_s=0.5)
     assert _slow(1536, load, tpot_slo_s=None) is PrefillPath.REMOTE
-    off = CFG.model_copy(update={"slow_decode_tpot_fraction": 0.0})
+    assert DisaggregationConfig().slow_decode_tpot_fraction == 0  # off by default
+    off = SLOW_CFG.model_copy(update={"slow_decode_tpot_fraction": 0.0})
     assert _slow(1536, load, cfg=off) is PrefillPath.REMOTE
     # a higher fraction raises the limit: 0.9 x 100 ms = 90 ms > 60 ms
-    lax = CFG.model_copy(update={"slow_decode_tpot_fraction": 0.9})
+    lax = SLOW_CFG.model_copy(update={"slow_decode_tpot_fraction": 0.9})
     assert _slow(1536, PoolLoad(decode_streams=8, decode_pace_s=0.06), cfg=lax) is PrefillPath.REMOTE
 
 
@@ -251,10 +253,48 @@ def test_a_burst_beside_slow_decode_streams_alternates_between_the_pools():
 def test_short_outputs_keep_their_own_rule_when_decode_is_slow():
     """A short output goes to the pool with less work ahead either way: the slow-decode rule
     is for the streams that would hold a decode slot for long."""
-    cfg = CFG.model_copy(update={"short_output_tokens": 32})
+    cfg = SLOW_CFG.model_copy(update={"short_output_tokens": 32})
     load = PoolLoad(decode_streams=3, decode_pace_s=0.2, prefill_requests=1, prefill_tokens=500)
     assert _slow(1536, load, max_tokens=16, cfg=cfg) is PrefillPath.SHORT_OUTPUT
     assert _slow(1536, load, max_tokens=33, cfg=cfg) is PrefillPath.SLOW_DECODE
+
+
+EITHER_CFG = CFG.model_copy(update={"short_prompts_either_pool": True})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "load", "want"),
+    [
+        (99, IDLE, PrefillPath.SHORT),  # idle pools: a tie stays on decode
+        # decode streaming (2 x 50) against an idle prefill pool: the whole request there
+        (99, PoolLoad(decode_streams=2), PrefillPath.SHORT_OFFLOAD),
+        # the prefill pool busier: decode
+        (99, PoolLoad(decode_streams=2, prefill_requests=1, prefill_tokens=500),
+         PrefillPath.SHORT),
+        (99, PoolLoad(decode_streams=2, prefill_streams=3), PrefillPath.SHORT),
+        # a full prefill queue takes nothing more
+        (99, PoolLoad(decode_streams=50, prefill_requests=4), PrefillPath.SHORT),
+        # a long enough prompt keeps its own rules
+        (100, PoolLoad(decode_streams=2), PrefillPath.REMOTE),
+    ],
+)
+def test_short_prompts_run_whole_on_the_less_loaded_pool(prompt, load, want):
+    got = _path(prompt, load=load, cfg=EITHER_CFG)
+    assert got is want
+    assert got.pool == ("prefill" if want is PrefillPath.SHORT_OFFLOAD else "decode")
+    assert not got.remote or want is PrefillPath.REMOTE
+
+
+def test_short_prompts_alternate_between_the_pools_like_two_colocated_engines():
+    """Short prompts with long outputs (decode-heavy load): whole requests spread over both
+    engines by their streams, as colocation spreads them, with no handoff."""
+    streams = {"prefill": 0, "decode": 0}
+    for _ in range(10):
+        path = _path(64, cfg=EITHER_CFG, load=PoolLoad(
+            decode_streams=streams["decode"], prefill_streams=streams["prefill"]))
+        streams[path.pool] += 1
+        assert not path.remote
+    assert streams == {"prefill": 5, "decode": 5}
 
 
 def test_zero_threshold_sends_everything_remote():

@@ -216,15 +216,15 @@ def test_a_slow_decode_pool_hands_whole_requests_to_the_prefill_replica() -> Non
     # prefill replica while its streams are faster: both engines decode, as two colocated ones.
     n = 12
     trace = replay_trace(np.arange(n) * 0.01, [128] * n, [256] * n, rate=100.0)
-    tight = run_fixed(deployment(**CONDITIONAL, **{"slo.tpot_ms": 1}), trace)
+    on = {"disaggregation.slow_decode_tpot_fraction": 0.5}  # off by default
+    tight = run_fixed(deployment(**CONDITIONAL, **on, **{"slo.tpot_ms": 1}), trace)
     assert tight.paths.get("slow_decode", 0) > 0 and tight.completed == n
     assert 0 < sum(v for k, v in tight.paths.items() if k != "slow_decode")  # decode has some
     # With the default 100 ms target this light load never slows decode: the rule stays idle.
-    default = run_fixed(deployment(**CONDITIONAL), trace)
+    default = run_fixed(deployment(**CONDITIONAL, **on), trace)
     assert "slow_decode" not in default.paths and default.completed == n
     assert tight.tpot_p50_s < default.tpot_p50_s  # two engines decode instead of one
-    off = deployment(**CONDITIONAL, **{"slo.tpot_ms": 1,
-                                       "disaggregation.slow_decode_tpot_fraction": 0})
+    off = deployment(**CONDITIONAL, **{"slo.tpot_ms": 1})  # the rule off, as by default
     assert "slow_decode" not in run_fixed(off, trace).paths
 
 
