@@ -226,13 +226,14 @@ class Dispatcher:
             ):
                 async for chunk in chunks:
                     ticket.add_output(len(chunk.token_ids))
-                    if chunk.token_ids:
+                    # The clock is read for the first token, and per chunk only for a pace meter.
+                    if chunk.token_ids and (first is None or pace is not None):
                         now = time.perf_counter()
                         if first is None:
                             first = now
                             self.signals.first_token(pool, first - start)
                             release_local()
-                        elif pace is not None:
+                        else:
                             pace.add(now - last, len(chunk.token_ids))
                         last = now
                     n_out += len(chunk.token_ids)

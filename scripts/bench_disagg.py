@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_disagg.py [--preset NAME ...] [--configs a,b,c]
         [--rates 0.5,1,2,4] [--num-requests 30] [--ttft-slo-ms 1000] [--tpot-slo-ms 100]
         [--seed 0] [--warmup 4] [--rounds 1] [--out bench-results/disagg]
-        [--set KEY=VALUE ...] [--env KEY=VALUE ...] [--cpu-thieves 0]
+        [--set KEY=VALUE ...] [--env KEY=VALUE ...]
 
 Configurations, deployed one after another on this machine (Ray in this process, through
 `tests.conftest.running_deployment`, on a free port), each with two engines:
@@ -45,8 +45,6 @@ bench` run per rate, each rate with prompts of its own, so that no rate hits a p
 earlier one filled) after `--warmup` unmeasured requests.
 
 The TTFT and TPOT SLOs given are the deployments' `slo` too, which the slow-decode rule reads.
-`--cpu-thieves N` runs N busy-loop processes beside every configuration while it is measured:
-a shared host whose other tenants take CPU from the engines, the same for every configuration.
 
 `--rounds N` repeats the whole comparison N times, interleaved: round 1 runs the configurations
 in the order given, round 2 in reverse, and so on, so that a drift in the machine's load over
@@ -80,14 +78,11 @@ configurations with each other, not with a GPU cluster.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -169,8 +164,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="unmeasured requests per preset")
     p.add_argument("--rounds", type=int, default=1, help="interleaved repeats of the comparison")
     p.add_argument("--out", default="bench-results/disagg")
-    p.add_argument("--cpu-thieves", type=int, default=0, metavar="N",
-                   help="busy-loop processes running while each configuration is measured")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dotted config override for every configuration (YAML value), e.g. "
                    "tracing.file=/tmp/spans.jsonl; repeatable")
@@ -331,18 +324,6 @@ def parse_pair(item: str, parser: argparse.ArgumentParser, flag: str) -> tuple[s
     return key.strip(), value
 
 
-@contextlib.contextmanager
-def cpu_thieves(n: int) -> Iterator[None]:
-    """`n` busy-loop processes for the duration (a shared host's other tenants)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
 def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dict[str, dict]:
     """Deploy configuration `name`, sweep every preset, tear down; sweeps by preset, each with
     the policy's decisions per rate (`decisions`: reason -> requests, warm-up excluded)."""
@@ -350,7 +331,7 @@ def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dic
     slo = {"slo.ttft_ms": args.ttft_slo_ms, "slo.tpot_ms": args.tpot_slo_ms}
     cfg = test_config(**{**CONFIGS[name], **slo, **args.set})
     start = time.perf_counter()
-    with running_deployment(cfg) as base, cpu_thieves(args.cpu_thieves):
+    with running_deployment(cfg) as base:
         print(f"[{name}] ready after {time.perf_counter() - start:.0f} s ({base})", flush=True)
         for preset in args.preset:
             bench = bench_config(args, base, preset, out / name / preset, seed)
@@ -391,7 +372,6 @@ def write_comparison(
         "configs": {c: CONFIGS[c] for c in args.configs},
         "overrides": args.set,
         "env": args.env,
-        "cpu_thieves": args.cpu_thieves,
         "results": results,
         "rounds": rounds,
     })

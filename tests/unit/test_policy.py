@@ -21,6 +21,14 @@ def _path(prompt, cached=0, load=IDLE, cfg=CFG) -> PrefillPath:
     return prefill_path(prompt_tokens=prompt, expected_cached_tokens=cached, load=load, cfg=cfg)
 
 
+def _assert_path(got: PrefillPath, want: PrefillPath, whole_on_prefill: PrefillPath) -> None:
+    """`got` is `want`, runs on prefill exactly when it is `whole_on_prefill`, and moves KV
+    only when it is REMOTE."""
+    assert got is want
+    assert got.pool == ("prefill" if want is whole_on_prefill else "decode")
+    assert not got.remote or want is PrefillPath.REMOTE
+
+
 @pytest.mark.parametrize(
     ("prompt", "cached", "load", "want"),
     [
@@ -97,9 +105,7 @@ OFFLOAD_CFG = CFG.model_copy(update={"offload_to_prefill": True, "offload_margin
 )
 def test_offload_runs_whole_requests_on_prefill_when_decode_is_the_bottleneck(prompt, load, want):
     got = _path(prompt, load=load, cfg=OFFLOAD_CFG)
-    assert got is want
-    assert got.pool == ("prefill" if want is PrefillPath.OFFLOAD else "decode")
-    assert not got.remote or want is PrefillPath.REMOTE
+    _assert_path(got, want, whole_on_prefill=PrefillPath.OFFLOAD)
 
 
 def test_offload_off_keeps_requests_on_decode():
@@ -158,9 +164,7 @@ SHORT_OUT_CFG = CFG.model_copy(update={"short_output_tokens": 32})
 def test_short_outputs_run_whole_on_the_less_loaded_pool(prompt, max_tokens, load, want):
     got = prefill_path(prompt_tokens=prompt, expected_cached_tokens=0, load=load,
                        cfg=SHORT_OUT_CFG, max_tokens=max_tokens)
-    assert got is want
-    assert got.pool == ("prefill" if want is PrefillPath.SHORT_OUTPUT_OFFLOAD else "decode")
-    assert not got.remote or want is PrefillPath.REMOTE
+    _assert_path(got, want, whole_on_prefill=PrefillPath.SHORT_OUTPUT_OFFLOAD)
 
 
 def test_short_output_rule_off_leaves_the_prompt_rules():
@@ -223,9 +227,7 @@ def _slow(prompt, load, max_tokens=256, cfg=SLOW_CFG, tpot_slo_s=SLO) -> Prefill
 )
 def test_slow_decode_runs_whole_requests_on_the_faster_prefill_pool(prompt, load, want):
     got = _slow(prompt, load)
-    assert got is want
-    assert got.pool == ("prefill" if want is PrefillPath.SLOW_DECODE else "decode")
-    assert not got.remote or want is PrefillPath.REMOTE
+    _assert_path(got, want, whole_on_prefill=PrefillPath.SLOW_DECODE)
 
 
 def test_slow_decode_rule_off_without_a_target_or_with_fraction_zero():
@@ -280,9 +282,7 @@ EITHER_CFG = CFG.model_copy(update={"short_prompts_either_pool": True})
 )
 def test_short_prompts_run_whole_on_the_less_loaded_pool(prompt, load, want):
     got = _path(prompt, load=load, cfg=EITHER_CFG)
-    assert got is want
-    assert got.pool == ("prefill" if want is PrefillPath.SHORT_OFFLOAD else "decode")
-    assert not got.remote or want is PrefillPath.REMOTE
+    _assert_path(got, want, whole_on_prefill=PrefillPath.SHORT_OFFLOAD)
 
 
 def test_short_prompts_alternate_between_the_pools_like_two_colocated_engines():
