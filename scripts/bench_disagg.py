@@ -12,16 +12,21 @@ Configurations, deployed one after another on this machine (Ray in this process,
                  (mode disaggregated, min_remote_prompt_tokens 0, short_output_tokens 0,
                  spill_to_decode and offload_to_prefill off)
     colocated    2 colocated workers (mode colocated, pools.decode.replicas 2)
+    colocated-nixl  2 colocated workers whose engines carry vLLM's NIXL connector as
+                 disaggregated engines do (no KV ever moves): the connector's cost in a
+                 deployment, side by side with `colocated` (a measurement, not a mode)
     conditional  1 prefill + 1 decode worker with the default policy (router/policy.py):
                  requests with at most `short_output_tokens` (32) output tokens run whole
                  on the less loaded worker; others prefill remotely when their prompt has
-                 at least `min_remote_prompt_tokens` (128) tokens, on the decode worker
+                 at least `min_remote_prompt_tokens` (256) tokens, on the decode worker
                  when that is the faster path
     conditional-slow  the default policy, and while decode's streams get their tokens slower
                  than half the TPOT SLO (and than prefill's), whole requests run on the
                  prefill worker (disaggregation.slow_decode_tpot_fraction 0.5, off by default)
     conditional-either  the default policy, and prompts under 256 tokens run whole on the
                  less loaded worker (min_remote_prompt_tokens 256, short_prompts_either_pool)
+    conditional-remote128  the default policy with prompts of 128 tokens and more prefilled
+                 remotely (min_remote_prompt_tokens 128, the default before session 13)
     conditional-byprompt  the default policy without the short-output rule (short_output_tokens
                  0; the default before session 11): the path by the prompt alone
     conditional-offload  conditional, and whole requests run on the prefill worker when
@@ -78,12 +83,16 @@ configurations with each other, not with a GPU cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -114,6 +123,7 @@ CONFIGS = {
         "disaggregation.slow_decode_tpot_fraction": 0,
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
+    "colocated-nixl": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
     # the default policy with the slow-decode rule on (off by default)
     "conditional-slow": {"mode": "disaggregated", "disaggregation.slow_decode_tpot_fraction": 0.5},
@@ -121,6 +131,10 @@ CONFIGS = {
     "conditional-either": {
         "mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 256,
         "disaggregation.short_prompts_either_pool": True,
+    },
+    # the default before session 13: the decode-heavy mix's 128-token prompts take the handoff
+    "conditional-remote128": {
+        "mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 128,
     },
     # the default policy without its short-output rule, as before session 11
     "conditional-byprompt": {"mode": "disaggregated", "disaggregation.short_output_tokens": 0},
@@ -149,6 +163,31 @@ CONFIGS.update({
     f"{name}-{variant}": {**overrides, **extra}
     for name, overrides in list(CONFIGS.items()) for variant, extra in VARIANTS.items()
 })
+# Configurations whose engines all carry the NIXL connector whatever the mode (see
+# `connector_everywhere`).
+WITH_CONNECTOR = {name for name in CONFIGS if name.startswith("colocated-nixl")}
+
+
+@contextlib.contextmanager
+def connector_everywhere(on: bool) -> Iterator[None]:
+    """While `on`: every engine the application builds in this process gets vLLM's NIXL
+    connector (`EngineSpec.kv_transfer`), colocated ones too. The specs are built here, in the
+    driver, and travel to the replicas, so patching the application's `engine_spec` suffices."""
+    if not on:
+        yield
+        return
+    from splitserve import app
+
+    real = app.engine_spec
+
+    def with_connector(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(real(*args, **kwargs), kv_transfer=True)
+
+    app.engine_spec = with_connector
+    try:
+        yield
+    finally:
+        app.engine_spec = real
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,7 +370,7 @@ def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dic
     slo = {"slo.ttft_ms": args.ttft_slo_ms, "slo.tpot_ms": args.tpot_slo_ms}
     cfg = test_config(**{**CONFIGS[name], **slo, **args.set})
     start = time.perf_counter()
-    with running_deployment(cfg) as base:
+    with connector_everywhere(name in WITH_CONNECTOR), running_deployment(cfg) as base:
         print(f"[{name}] ready after {time.perf_counter() - start:.0f} s ({base})", flush=True)
         for preset in args.preset:
             bench = bench_config(args, base, preset, out / name / preset, seed)

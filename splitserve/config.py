@@ -279,10 +279,12 @@ class DisaggregationConfig(_Strict):
     """
 
     min_remote_prompt_tokens: int = Field(
-        128,
+        256,
         ge=0,
-        description="Prompts with fewer uncached tokens prefill locally. The default is one CPU "
-        "KV block: NIXL moves whole blocks, so a shorter prompt would move nothing.",
+        description="Prompts with fewer uncached tokens prefill locally, on the decode worker. "
+        "The default is the CPU engine's handoff cost (`handoff_cost_tokens`): a shorter "
+        "prompt's handoff costs more than the prefill it moves (BENCHMARKS.md, session 13). "
+        "With RDMA on GPUs set both lower, down to one KV block (16 tokens).",
     )
     short_prompts_either_pool: bool = Field(
         False,

@@ -79,6 +79,7 @@ def deployment(span_file):
             "placement.share_cores": True,
             "disaggregation.kv_lease_s": KV_LEASE_S,
             "disaggregation.spill_to_decode": False,  # faults must hit the remote path
+            "disaggregation.min_remote_prompt_tokens": 128,  # ... from 150-token prompts up
             "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
             "disaggregation.offload_to_prefill": False,
             "disaggregation.slow_decode_tpot_fraction": 0,

@@ -57,3 +57,18 @@ def test_a_pair_without_a_key_is_a_usage_error(bench, flag, capsys):
         bench.parse_args([flag, "=2"])
     assert exc.value.code == 2
     assert f"{flag} '=2': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_colocated_nixl_engines_carry_the_connector_only_while_deployed(bench):
+    from splitserve import app
+    from splitserve.config import load_config
+
+    cfg = load_config(None).with_overrides(**bench.CONFIGS["colocated-nixl"])
+    assert "colocated-nixl" in bench.WITH_CONNECTOR and "colocated" not in bench.WITH_CONNECTOR
+    assert not app.engine_spec(cfg, "decode", "cpu").kv_transfer  # colocated: no connector
+    with bench.connector_everywhere(True):
+        spec = app.engine_spec(cfg, "decode", "cpu", kv_host="127.0.0.1")
+        assert spec.kv_transfer and spec.kv_host == "127.0.0.1"
+    assert not app.engine_spec(cfg, "decode", "cpu").kv_transfer  # restored
+    with bench.connector_everywhere(False):
+        assert not app.engine_spec(cfg, "decode", "cpu").kv_transfer
