@@ -297,6 +297,18 @@ def test_short_prompts_alternate_between_the_pools_like_two_colocated_engines():
     assert streams == {"prefill": 5, "decode": 5}
 
 
+def test_by_default_no_prompt_pays_a_handoff_dearer_than_its_prefill():
+    """The default threshold is the handoff's cost: the decode-heavy mix's 128-token prompts
+    prefill on a busy decode worker (BENCHMARKS.md, session 13), a prompt as long as the
+    handoff's cost goes remote."""
+    cfg = DisaggregationConfig()
+    assert cfg.min_remote_prompt_tokens == cfg.handoff_cost_tokens
+    busy = PoolLoad(decode_streams=60)  # decode streaming: the spill rule keeps prompts off it
+    assert _path(128, load=busy, cfg=cfg) is PrefillPath.SHORT
+    assert _path(cfg.handoff_cost_tokens - 1, load=busy, cfg=cfg) is PrefillPath.SHORT
+    assert _path(cfg.handoff_cost_tokens, load=busy, cfg=cfg) is PrefillPath.REMOTE
+
+
 def test_zero_threshold_sends_everything_remote():
     cfg = DisaggregationConfig(min_remote_prompt_tokens=0, spill_to_decode=False)
     assert _path(1, cfg=cfg) is PrefillPath.REMOTE
