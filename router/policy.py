@@ -6,9 +6,7 @@ pool (remote, the KV then moves to decode over NIXL) or on the decode worker its
 1. A prompt with fewer uncached tokens than `min_remote_prompt_tokens` prefills locally on the
    decode worker (`short`): the handoff's fixed cost (the KV pull and a second hop, about 256
    prompt tokens' worth of prefill on the CPU engine, `handoff_cost_tokens`) outweighs the
-   prefill it would move. (At 128, the default before session 13, the decode-heavy mix's
-   128-token prompts all took the handoff, and their first tokens waited in two queues:
-   BENCHMARKS.md, session 13.) With `short_prompts_either_pool` (off by default: on two CPU cores it
+   prefill it would move (BENCHMARKS.md, session 13). With `short_prompts_either_pool` (off by default: on two CPU cores it
    cost more than it gained, BENCHMARKS.md session 12) the whole request runs instead on the pool
    with less work ahead of its first token, as on two colocated engines (`short` on decode,
    `short_offload` on prefill; ties stay on decode).

@@ -123,7 +123,6 @@ CONFIGS = {
         "disaggregation.slow_decode_tpot_fraction": 0,
     },
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
-    "colocated-nixl": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
     # the default policy with the slow-decode rule on (off by default)
     "conditional-slow": {"mode": "disaggregated", "disaggregation.slow_decode_tpot_fraction": 0.5},
@@ -151,6 +150,8 @@ CONFIGS = {
         "mode": "colocated", "pools.decode.replicas": 2, "pools.decode.max_num_batched_tokens": 512,
     },
 }
+# `colocated` whose engines carry the connector (see `connector_everywhere`)
+CONFIGS["colocated-nixl"] = CONFIGS["colocated"]
 # Each configuration also as variants, named `<config>-<variant>`:
 VARIANTS = {
     # without adaptive token coalescing (router.streaming): every token its own streamed
