@@ -28,27 +28,44 @@ The root span ends when the response is over: for a streamed response when its c
 closed (last event sent, client gone, or the response dropped), not when the handler returns.
 An incoming W3C `traceparent` header makes the root span a child of the caller's span.
 
-Off (`tracing.enabled: false`, the default): `NOOP_TRACING` has no tracer provider and creates no
-span objects (`Tracing.start` returns OTel's shared `INVALID_SPAN`, `Tracing.request` a shared
-no-op request trace whose `stream` returns the chunks unchanged), so the request path only pays
-a few attribute checks. The provider is held by the `Tracing` object, never installed globally:
-tests build their own with an in-memory exporter.
+Configured by the `tracing` section and, for every key it leaves out (null), by OpenTelemetry's
+standard environment as the router replica's process sees it (`tracing_enabled`, `_sampler`,
+`_resource`, `_otlp_exporter`): OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT
+(with _PROTOCOL, _HEADERS, _TIMEOUT, ... read by the exporter itself), OTEL_TRACES_SAMPLER
+(+ _ARG), OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, OTEL_SDK_DISABLED. With `enabled` null,
+tracing is on when an OTLP endpoint is known; OTEL_SDK_DISABLED=true turns it off in any case
+(the SDK's TracerProvider would hand out no-op tracers anyway).
+
+Off (`enabled: false`, or null with no endpoint): `NOOP_TRACING` has no tracer provider and
+creates no span objects (`Tracing.start` returns OTel's shared `INVALID_SPAN`, `Tracing.request`
+a shared no-op request trace whose `stream` returns the chunks unchanged), so the request path
+only pays a few attribute checks. The provider is held by the `Tracing` object, never installed
+globally: tests build their own with an in-memory exporter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    OTEL_SDK_DISABLED,
+)
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -58,6 +75,10 @@ from splitserve.router.request_end import RequestEnd
 if TYPE_CHECKING:
     from splitserve.engine.messages import GenerateChunk, GenerateRequest
     from splitserve.router.tenancy import Tenancy, Tenant, Ticket
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "splitserve-router"  # `service.name` when neither config nor env name one
 
 # Span names.
 ADMISSION = "splitserve.admission"
@@ -159,21 +180,17 @@ class Tracing:
     def from_config(
         cls, cfg: TracingConfig, *, exporter: SpanExporter | None = None
     ) -> Tracing:
-        """A provider sampling `ParentBased(TraceIdRatioBased(sample_ratio))`, exporting over
-        OTLP/HTTP in batches when `otlp_endpoint` is set, as JSON lines to `file` when set
-        (`span_file`), and synchronously to `exporter` (tests: an `InMemorySpanExporter`). Disabled config: `NOOP_TRACING`, `exporter` unused."""
-        if not cfg.enabled:
+        """A provider for `cfg`, each key it leaves out taken from OpenTelemetry's environment
+        (see the module docstring): sampling `ParentBased(TraceIdRatioBased(sample_ratio))` or
+        OTEL_TRACES_SAMPLER's sampler, exporting over OTLP in batches when `otlp_endpoint` or an
+        OTEL_EXPORTER_OTLP_*ENDPOINT is set, as JSON lines to `file` when set (`span_file`),
+        and synchronously to `exporter` (tests: an `InMemorySpanExporter`). Off
+        (`tracing_enabled`): `NOOP_TRACING`, `exporter` unused."""
+        if not tracing_enabled(cfg):
             return NOOP_TRACING
-        provider = TracerProvider(
-            sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)),
-            resource=Resource.create({"service.name": cfg.service_name}),
-        )
-        if cfg.otlp_endpoint:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            provider.add_span_processor(
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=cfg.otlp_endpoint))
-            )
+        provider = TracerProvider(sampler=_sampler(cfg), resource=_resource(cfg))
+        if cfg.otlp_endpoint or _env_endpoint():
+            provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(cfg.otlp_endpoint)))
         if cfg.file:
             from splitserve.router.span_file import JsonLinesSpanExporter
 
@@ -385,6 +402,76 @@ class RequestTrace(RequestEnd):
 
 
 NOOP_TRACING = Tracing()
+
+
+def otel_sdk_disabled() -> bool:
+    """OTEL_SDK_DISABLED=true (case-insensitive, as the SDK reads it)."""
+    return os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true"
+
+
+def _env_endpoint() -> str | None:
+    """The OTLP traces endpoint OpenTelemetry's environment names, if any (the signal-specific
+    variable first, as the exporters read them)."""
+    for var in (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT):
+        if os.environ.get(var, "").strip():
+            return os.environ[var].strip()
+    return None
+
+
+def tracing_enabled(cfg: TracingConfig) -> bool:
+    """Whether the router traces: never with OTEL_SDK_DISABLED=true; else `cfg.enabled` when
+    given; else (null) when an OTLP endpoint is known, from `cfg.otlp_endpoint` or the
+    environment (on Kubernetes, what the OpenTelemetry Operator injects)."""
+    if otel_sdk_disabled():
+        if cfg.enabled:
+            log.warning("tracing.enabled is true but OTEL_SDK_DISABLED=true: tracing is off")
+        return False
+    if cfg.enabled is not None:
+        return cfg.enabled
+    return bool(cfg.otlp_endpoint or _env_endpoint())
+
+
+def _sampler(cfg: TracingConfig) -> Sampler | None:
+    """`ParentBased(TraceIdRatioBased(sample_ratio))`; None (sample_ratio null): the SDK's
+    TracerProvider takes OTEL_TRACES_SAMPLER (+ OTEL_TRACES_SAMPLER_ARG), by default
+    parentbased_always_on."""
+    if cfg.sample_ratio is None:
+        return None
+    return ParentBased(TraceIdRatioBased(cfg.sample_ratio))
+
+
+def _resource(cfg: TracingConfig) -> Resource:
+    """The SDK's resource (OTEL_RESOURCE_ATTRIBUTES and the detectors included), its
+    `service.name` from `cfg.service_name`, else OTEL_SERVICE_NAME or a service.name in
+    OTEL_RESOURCE_ATTRIBUTES, else `DEFAULT_SERVICE_NAME`."""
+    name = cfg.service_name
+    if not name and not OTELResourceDetector().detect().attributes.get(SERVICE_NAME):
+        name = DEFAULT_SERVICE_NAME
+    return Resource.create({SERVICE_NAME: name} if name else None)
+
+
+def _otlp_exporter(endpoint: str | None) -> SpanExporter:
+    """The OTLP span exporter: OTLP/HTTP to `endpoint` (the config's); None: the one
+    OpenTelemetry's environment describes, built with no arguments so that the SDK reads the
+    endpoint, headers, timeout, compression and certificates itself. Its protocol is
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL: `grpc`, or
+    `http/protobuf` (the default; `http/json`, which the Python SDK lacks, falls back to it)."""
+    if endpoint is None:
+        protocol = (os.environ.get(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+                    or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL) or "http/protobuf")
+        protocol = protocol.strip().lower()
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+
+            return GrpcSpanExporter()
+        if protocol != "http/protobuf":
+            log.warning("OTLP protocol %r is not supported: exporting over http/protobuf",
+                        protocol)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint)
 
 
 def decode_attributes(

@@ -538,24 +538,34 @@ class AcceleratorConfig(_Strict):
 
 class TracingConfig(_Strict):
     """OpenTelemetry tracing of requests in the router (`splitserve.router.tracing`); off by
-    default, and then it costs nothing."""
+    default, and then it costs nothing. A key left out (null) falls back to OpenTelemetry's
+    standard environment variables (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_SAMPLER`,
+    `OTEL_SERVICE_NAME`, `OTEL_SDK_DISABLED`, ...; docs/observability.md, "Tracing from the
+    OTEL_* environment") as the router replica's process sees them; a key given here wins."""
 
-    enabled: bool = Field(
-        False, description="Trace requests: one trace per request, from the router's root span "
-        "through admission, the prefill tries and the decode hop.",
+    enabled: bool | None = Field(
+        None, description="Trace requests: one trace per request, from the router's root span "
+        "through admission, the prefill tries and the decode hop. null: on when an OTLP endpoint "
+        "is known (`otlp_endpoint`, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+        "OTEL_EXPORTER_OTLP_ENDPOINT). OTEL_SDK_DISABLED=true turns tracing off in any case.",
     )
-    sample_ratio: float = Field(
-        1.0, ge=0, le=1,
-        description="Fraction of new traces recorded (TraceIdRatioBased). A request with a W3C "
-        "`traceparent` header follows its caller's sampling decision instead.",
+    sample_ratio: float | None = Field(
+        None, ge=0, le=1,
+        description="Fraction of new traces recorded (ParentBased(TraceIdRatioBased)). A request "
+        "with a W3C `traceparent` header follows its caller's sampling decision instead. null: "
+        "OTEL_TRACES_SAMPLER (+ OTEL_TRACES_SAMPLER_ARG), by default parentbased_always_on "
+        "(every trace).",
     )
     otlp_endpoint: str | None = Field(
         None,
-        description="OTLP/HTTP traces endpoint, e.g. http://otel-collector:4318/v1/traces. None: "
-        "spans are recorded but not exported.",
+        description="OTLP/HTTP traces endpoint, e.g. http://otel-collector:4318/v1/traces. null: "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT (with "
+        "OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, http/protobuf or grpc); none of them: spans are "
+        "recorded but not exported.",
     )
-    service_name: str = Field(
-        "splitserve-router", min_length=1, description="The `service.name` resource attribute."
+    service_name: str | None = Field(
+        None, min_length=1, description="The `service.name` resource attribute. null: "
+        "OTEL_SERVICE_NAME (or service.name in OTEL_RESOURCE_ATTRIBUTES), else splitserve-router.",
     )
     file: str | None = Field(
         None,
@@ -626,7 +636,8 @@ class SplitserveConfig(_Strict):
         FaultsConfig(), description="Tests and development only: fault injection (all off)."
     )
     tracing: TracingConfig = Field(
-        TracingConfig(), description="OpenTelemetry tracing of requests (off by default)."
+        TracingConfig(), description="OpenTelemetry tracing of requests (off by default, unless "
+        "OpenTelemetry's environment names an OTLP endpoint).",
     )
     observability: ObservabilityConfig = Field(
         ObservabilityConfig(), description="Request logs and extra metrics endpoints."
