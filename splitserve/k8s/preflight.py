@@ -9,7 +9,9 @@ Rules (one function each):
   must fit a node's GPUs (and, for the `kserve` target, every replica of both pools must fit
   the one pod); node GPUs left idle are a warning;
 - P/D compatibility: the two pools must be able to exchange KV caches (same model, dtype, KV
-  block size, TP sizes that divide each other, ...: `splitserve.kv_transfer.compat`);
+  block size, TP sizes that divide each other, no pipeline parallelism with vLLM 0.32's NIXL
+  connector, ...: `splitserve.kv_transfer.compat`; the PP rule is a warning for an
+  LLMInferenceService, whose engines run KServe's vLLM image);
 - device: pipeline parallelism is not supported on the CPU; the LLMInferenceService runs CUDA
   vLLM only;
 - model: KServe needs a model it can fetch (a hub id or storage URI), not a local directory;
@@ -26,7 +28,11 @@ from typing import Literal
 from splitserve.config import SplitserveConfig
 from splitserve.engine.args import engine_spec
 from splitserve.k8s.layout import LOOPBACK_HOSTS, is_local_path, k8s_device, model_uri
-from splitserve.kv_transfer.compat import CompatibilityError, check_pd_compatible
+from splitserve.kv_transfer.compat import (
+    CompatibilityError,
+    check_pd_compatible,
+    nixl_pp_problems,
+)
 
 Target = Literal["helm", "kserve", "llmisvc"]
 TARGETS: tuple[Target, ...] = ("helm", "kserve", "llmisvc")
@@ -75,16 +81,25 @@ def _placement(cfg: SplitserveConfig, target: Target, gpus_per_node: int) -> lis
     return out
 
 
-def _compatibility(cfg: SplitserveConfig) -> list[Finding]:
+def _compatibility(cfg: SplitserveConfig, target: Target) -> list[Finding]:
     if cfg.mode != "disaggregated":
         return []
     device = k8s_device(cfg)
     specs = {role: engine_spec(cfg, role, device) for role in ("prefill", "decode")}  # type: ignore[arg-type]
+    # An LLMInferenceService runs KServe's vLLM image, not splitserve's vLLM 0.32: its NIXL
+    # connector's pipeline-parallel limits are a warning there, an error where splitserve runs.
+    own_engines = target != "llmisvc"
+    out = []
     try:
-        check_pd_compatible(specs["prefill"], specs["decode"], None)
+        check_pd_compatible(specs["prefill"], specs["decode"], None, nixl_pp=own_engines)
     except CompatibilityError as err:
-        return [Finding("error", "pools", str(err))]
-    return []
+        out.append(Finding("error", "pools", str(err)))
+    if not own_engines:
+        out += [Finding("warning", "pools", f"{problem} (if KServe's vLLM image has the same "
+                        "connector)")
+                for problem in nixl_pp_problems(specs["prefill"].pipeline_parallel_size,
+                                                specs["decode"].pipeline_parallel_size)]
+    return out
 
 
 def _device(cfg: SplitserveConfig, target: Target) -> list[Finding]:
@@ -136,7 +151,7 @@ def preflight(cfg: SplitserveConfig, target: Target = "helm", *,
                         "`splitserve serve` only; render one config per model for Kubernetes")]
     return [
         *_placement(cfg, target, gpus_per_node),
-        *_compatibility(cfg),
+        *_compatibility(cfg, target),
         *_device(cfg, target),
         *_model(cfg, target),
         *_network(cfg, target),

@@ -1,6 +1,9 @@
 """The controller's Kubernetes actuator against kmock's Kubernetes emulator (with the API server's
 resourceVersion/generation semantics added, see emulator.py), through the real `kubernetes`
-client. The RayService under test is the one the chart renders."""
+client. The LLMInferenceService under test is the one `splitserve k8s render` writes.
+
+A RayService is not scaled here at all: its pods follow its Serve replicas through KubeRay's
+autoscaler (test_chart.py), so no code patches worker-group replicas."""
 
 from __future__ import annotations
 
@@ -10,26 +13,15 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from kubernetes import client
-from splitserve.controller.k8s_actuator import (
-    KubernetesPoolActuator,
-    ObjectRef,
-    rayservice_replicas,
-)
+from splitserve.controller import k8s_actuator
+from splitserve.controller.k8s_actuator import KubernetesPoolActuator, ObjectRef
 
 from splitserve.config import parse_config
 from splitserve.k8s.render import render
-from tests.k8s.conftest import CHART
 from tests.k8s.emulator import ConcurrentEmulator, running_emulator
 
 NS = "llm"
-RS = ObjectRef.rayservice(NS, "t-splitserve")
 LLM = ObjectRef.llm_inference_service(NS, "llama")
-
-
-@pytest.fixture(scope="module")
-def rayservice_manifest(render_chart) -> dict:
-    docs = render_chart(CHART / "ci" / "multinode-pp-values.yaml")
-    return next(d for d in docs if d["kind"] == "RayService")
 
 
 @pytest.fixture(scope="module")
@@ -70,105 +62,113 @@ def get(cluster, ref: ObjectRef) -> dict:
                                             ref.name)
 
 
-def groups(obj: dict) -> dict[str, int]:
-    return {g["groupName"]: g["replicas"]
-            for g in obj["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+def sizes(obj: dict) -> tuple[int, int]:
+    """(decode replicas, prefill replicas) of an LLMInferenceService."""
+    return obj["spec"]["replicas"], obj["spec"]["prefill"]["replicas"]
 
 
-def test_current(cluster, rayservice_manifest) -> None:
-    create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(cluster[1], RS)
-    assert act.current() == {"prefill": 4, "decode": 2}
+def test_no_code_path_patches_worker_group_replicas() -> None:
+    # What patched a RayService's workerGroupSpecs is gone, and a RayService is refused.
+    for name in ("rayservice_patch", "rayservice_replicas"):
+        assert not hasattr(k8s_actuator, name)
+    assert not hasattr(ObjectRef, "rayservice")
+    with pytest.raises(ValueError, match="rayservices"):
+        KubernetesPoolActuator(object(), ObjectRef("ray.io", "v1", "rayservices", NS, "x"))
 
 
-def test_scale_up_and_down_patch_the_right_fields(cluster, rayservice_manifest) -> None:
+def test_current(cluster, llmisvc_manifest) -> None:
+    create(cluster, LLM, llmisvc_manifest)
+    assert KubernetesPoolActuator(cluster[1], LLM).current() == {"prefill": 2, "decode": 3}
+
+
+def test_scale_up_and_down_patch_only_replicas(cluster, llmisvc_manifest) -> None:
     em, api = cluster
-    create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(api, RS)
-    before = get(cluster, RS)
-    assert act.scale("decode", 3)
-    after = get(cluster, RS)
-    assert rayservice_replicas(after) == {"prefill": 4, "decode": 3}
-    assert groups(after) == {"prefill": 4, "decode": 3}
-    # Nothing else in the Serve config or the cluster spec moved.
-    sc_before, sc_after = (yaml.safe_load(o["spec"]["serveConfigV2"]) for o in (before, after))
-    sc_after["applications"][0]["deployments"][1]["num_replicas"] = 2
-    assert sc_after == sc_before
-    rc_after = copy.deepcopy(after["spec"]["rayClusterConfig"])
-    rc_after["workerGroupSpecs"][1]["replicas"] = 2
-    assert rc_after == before["spec"]["rayClusterConfig"]
-    (patch,) = em.patches
-    assert patch["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-
-    assert act.scale("prefill", 1)
-    assert act.current() == {"prefill": 1, "decode": 3}
-    assert groups(get(cluster, RS)) == {"prefill": 1, "decode": 3}
-    assert len(em.patches) == 2
+    create(cluster, LLM, llmisvc_manifest)
+    act = KubernetesPoolActuator(api, LLM)
+    before = get(cluster, LLM)
+    assert act.scale("decode", 5) and act.scale("prefill", 1)
+    after = get(cluster, LLM)
+    assert sizes(after) == (5, 1)
+    assert [p["spec"] for p in em.patches] == [{"replicas": 5}, {"prefill": {"replicas": 1}}]
+    assert em.patches[0]["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # Nothing else in the spec moved.
+    spec = copy.deepcopy(after["spec"])
+    spec["replicas"], spec["prefill"]["replicas"] = 3, 2
+    assert spec == before["spec"]
     assert act.scale("prefill", 1)  # already there: no write
     assert len(em.patches) == 2
 
 
-def test_out_of_bounds_is_refused(cluster, rayservice_manifest) -> None:
+def test_bad_requests_are_refused(cluster, llmisvc_manifest) -> None:
     em, api = cluster
-    create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(api, RS)
-    assert not act.scale("decode", 5)  # the chart's workers.decode.maxReplicas is 4
-    assert not act.scale("decode", 0)  # ... and minReplicas 1
-    assert em.patches == []
+    manifest = copy.deepcopy(llmisvc_manifest)
+    del manifest["spec"]["prefill"]
+    create(cluster, LLM, manifest)
+    act = KubernetesPoolActuator(api, LLM)
     with pytest.raises(KeyError):
-        act.scale("embed", 1)
+        act.scale("prefill", 1)  # a colocated service deploys no prefill workload
     with pytest.raises(ValueError):
         act.scale("decode", -1)
+    assert em.patches == []
 
 
-def test_conflict_is_retried(cluster, rayservice_manifest) -> None:
+def test_kserve_autoscaled_workload_is_left_alone(cluster, llmisvc_manifest) -> None:
     em, api = cluster
-    key = create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(api, RS)
+    manifest = copy.deepcopy(llmisvc_manifest)
+    del manifest["spec"]["replicas"]  # the CRD: `replicas` and `scaling` are mutually exclusive
+    manifest["spec"]["scaling"] = {"minReplicas": 1, "maxReplicas": 4}
+    create(cluster, LLM, manifest)
+    act = KubernetesPoolActuator(api, LLM)
+    assert not act.scale("decode", 3)
+    assert em.patches == []
+    assert act.scale("prefill", 4)  # the prefill workload has no `scaling`: ours to size
+    assert get(cluster, LLM)["spec"]["prefill"]["replicas"] == 4
+
+
+def test_conflict_is_retried(cluster, llmisvc_manifest) -> None:
+    em, api = cluster
+    key = create(cluster, LLM, llmisvc_manifest)
+    act = KubernetesPoolActuator(api, LLM)
     # The operator updates the status between our read and our write: resourceVersion moves,
     # generation does not, so the actuator reads again and retries.
-    em.before_patch.append(lambda em, _: em.write(key, {"status": {"serviceStatus": "Running"}}))
+    em.before_patch.append(lambda em, _: em.write(key, {"status": {"url": "http://llama"}}))
     assert act.scale("prefill", 6)
     assert len(em.patches) == 2
     assert em.patches[0]["metadata"]["resourceVersion"] != em.patches[1]["metadata"]["resourceVersion"]
-    assert act.current() == {"prefill": 6, "decode": 2}
-    assert groups(get(cluster, RS))["prefill"] == 6
+    assert act.current() == {"prefill": 6, "decode": 3}
 
 
-def test_foreign_change_in_between_is_not_overwritten(cluster, rayservice_manifest) -> None:
+def test_foreign_change_in_between_is_not_overwritten(cluster, llmisvc_manifest) -> None:
     em, api = cluster
-    create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(api, RS)
+    create(cluster, LLM, llmisvc_manifest)
+    act = KubernetesPoolActuator(api, LLM)
 
-    def human_edit(em, key) -> None:  # `kubectl edit` between our read and our write
-        spec = copy.deepcopy(em.objects[key].raw["spec"])  # (runs in the emulator's loop)
-        spec["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = 7
-        em.write(key, {"spec": {"rayClusterConfig": spec["rayClusterConfig"]}})
+    def human_edit(em, key) -> None:  # `kubectl scale` between our read and our write
+        em.write(key, {"spec": {"prefill": {"replicas": 7}}})
 
     em.before_patch.append(human_edit)
     assert not act.scale("prefill", 5)
     assert len(em.patches) == 1  # the one refused with 409; no retry over the human's change
-    assert groups(get(cluster, RS))["prefill"] == 7
+    assert get(cluster, LLM)["spec"]["prefill"]["replicas"] == 7
 
 
-def test_foreign_change_since_last_read_is_not_overwritten(cluster, rayservice_manifest) -> None:
+def test_foreign_change_since_last_read_is_not_overwritten(cluster, llmisvc_manifest) -> None:
     em, api = cluster
-    key = create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(api, RS)
-    assert act.current()["decode"] == 2
-    obj = get(cluster, RS)
-    em.write(key, {"spec": {"serveConfigV2": obj["spec"]["serveConfigV2"] + "\n"}})
-    assert not act.scale("decode", 3)
-    assert em.patches == []
-    assert act.current()["decode"] == 2  # re-read: the new generation is adopted ...
-    assert act.scale("decode", 3)  # ... and scaling works again
+    key = create(cluster, LLM, llmisvc_manifest)
+    act = KubernetesPoolActuator(api, LLM)
     assert act.current()["decode"] == 3
+    em.write(key, {"spec": {"model": {"name": "llama-v2"}}})
+    assert not act.scale("decode", 4)
+    assert em.patches == []
+    assert act.current()["decode"] == 3  # re-read: the new generation is adopted ...
+    assert act.scale("decode", 4)  # ... and scaling works again
+    assert act.current()["decode"] == 4
 
 
-def test_conflicts_that_never_end_give_up(cluster, rayservice_manifest) -> None:
+def test_conflicts_that_never_end_give_up(cluster, llmisvc_manifest) -> None:
     em, api = cluster
-    key = create(cluster, RS, rayservice_manifest)
-    act = KubernetesPoolActuator(api, RS, max_retries=2)
+    key = create(cluster, LLM, llmisvc_manifest)
+    act = KubernetesPoolActuator(api, LLM, max_retries=2)
 
     def status_update(em, _key) -> None:  # before every PATCH, forever
         em.write(key, {"status": {"tick": em.next_version()}})
@@ -176,21 +176,8 @@ def test_conflicts_that_never_end_give_up(cluster, rayservice_manifest) -> None:
 
     em.before_patch.append(status_update)
     try:
-        assert not act.scale("prefill", 2)
+        assert not act.scale("prefill", 3)
     finally:
         em.before_patch.clear()
     assert len(em.patches) == 3  # the first try and two retries
-    assert act.current()["prefill"] == 4
-
-
-def test_llminferenceservice(cluster, llmisvc_manifest) -> None:
-    em, api = cluster
-    create(cluster, LLM, llmisvc_manifest)
-    act = KubernetesPoolActuator(api, LLM)
-    assert act.current() == {"prefill": 2, "decode": 3}
-    assert act.scale("decode", 5) and act.scale("prefill", 1)
-    spec = get(cluster, LLM)["spec"]
-    assert (spec["replicas"], spec["prefill"]["replicas"]) == (5, 1)
-    assert spec["parallelism"] == llmisvc_manifest["spec"]["parallelism"]
-    assert spec["prefill"]["template"] == llmisvc_manifest["spec"]["prefill"]["template"]
-    assert [p["spec"] for p in em.patches] == [{"replicas": 5}, {"prefill": {"replicas": 1}}]
+    assert act.current()["prefill"] == 2

@@ -13,6 +13,7 @@ import yaml
 from splitserve.config import parse_config
 from splitserve.k8s import schema
 from splitserve.k8s.chart import chart_values, effective_config, merge_values
+from splitserve.k8s.layout import worker_group_size
 from tests.k8s.conftest import CHART, REPO, VALUES_FILES
 
 ALL_VALUES = [None, *VALUES_FILES]
@@ -33,7 +34,7 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 def test_there_are_enough_example_values_files() -> None:
     names = {p.stem for p in VALUES_FILES}
-    assert {"cpu-dev-values", "gpu-8-tp4-values", "multinode-pp-values"} <= names
+    assert {"cpu-dev-values", "gpu-8-tp4-values", "multinode-values"} <= names
 
 
 @pytest.mark.parametrize("values", ALL_VALUES, ids=IDS)
@@ -67,8 +68,11 @@ def test_worker_groups_follow_the_config(render_chart, values: Path | None) -> N
         cuda = cfg.device != "cpu"
         for role, pool in cfg.deployed_pools().items():
             g, wanted = groups[role], vals["workers"][role]
-            assert g["replicas"] == pool.replicas
-            assert g["minReplicas"] <= pool.replicas <= g["maxReplicas"]
+            size = worker_group_size(cfg, role)
+            assert (g["replicas"], g["minReplicas"], g["maxReplicas"]) == (
+                size.replicas, size.min_replicas, size.max_replicas)
+            if cfg.autoscaling is None:
+                assert g["replicas"] == g["minReplicas"] == g["maxReplicas"] == pool.replicas
             pin = g["rayStartParams"]["resources"]  # KubeRay's quoting: '"{\"name\": 1}"'
             assert pin.startswith('"') and pin.endswith('"')
             assert json.loads(pin[1:-1].replace('\\"', '"')) == {f"splitserve-{role}": 1}
@@ -133,9 +137,11 @@ def test_grafana_dashboard_configmap_is_the_dashboard_file(render_chart) -> None
         ("config:\n  pools:\n    decode:\n      replica: 2\n", "replica"),
         ("config:\n  mode: sideways\n", "config.mode"),
         ("service:\n  port: '8000'\n", "service.port"),
-        ("workers:\n  decode:\n    maxReplicas: many\n", "workers.decode.maxReplicas"),
+        ("autoscaler:\n  idleTimeoutSeconds: soon\n", "autoscaler.idleTimeoutSeconds"),
+        ("workers:\n  decode:\n    maxReplicas: 4\n", "maxReplicas"),
     ],
-    ids=["wrong-type", "unknown-key", "bad-enum", "port-as-string", "chart-key-type"],
+    ids=["wrong-type", "unknown-key", "bad-enum", "port-as-string", "chart-key-type",
+         "retired-group-bound"],
 )
 def test_schema_rejects_bad_values(helm, tmp_path: Path, override: str, key: str) -> None:
     bad = tmp_path / "bad.yaml"

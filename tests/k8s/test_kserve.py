@@ -19,10 +19,11 @@ CONFIGS = {
     "disagg-tp": {"model": {"name": "llama", "path": "meta-llama/Llama-3.1-8B-Instruct"},
                   "device": "cuda",
                   "pools": {"prefill": {"replicas": 3, "tensor_parallel_size": 2},
-                            "decode": {"replicas": 2, "tensor_parallel_size": 4,
-                                       "pipeline_parallel_size": 2}}},
+                            "decode": {"replicas": 2, "tensor_parallel_size": 8}}},
+    # PP only without disaggregation: vLLM 0.32's NIXL connector refuses it (test_preflight.py)
     "colocated": {"model": {"name": "qwen", "path": "s3://bucket/qwen2.5-7b"}, "mode": "colocated",
-                  "pools": {"decode": {"replicas": 4, "tensor_parallel_size": 2}}},
+                  "pools": {"decode": {"replicas": 4, "tensor_parallel_size": 2,
+                                       "pipeline_parallel_size": 2}}},
 }
 
 

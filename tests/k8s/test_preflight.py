@@ -16,8 +16,8 @@ from tests.k8s.conftest import CHART
 LLAMA = {"name": "llama", "path": "meta-llama/Llama-3.1-8B-Instruct"}
 
 
-def cfg(**pools) -> object:
-    return parse_config({"model": LLAMA, "device": "cuda", "pools": pools,
+def cfg(mode: str = "disaggregated", **pools) -> object:
+    return parse_config({"model": LLAMA, "device": "cuda", "mode": mode, "pools": pools,
                          "router": {"host": "0.0.0.0"}})
 
 
@@ -36,16 +36,14 @@ def test_tp_larger_than_a_node() -> None:
 
 
 def test_tp_times_pp_larger_than_a_node() -> None:
-    c = cfg(prefill={"tensor_parallel_size": 4},
-            decode={"tensor_parallel_size": 4, "pipeline_parallel_size": 4})
+    c = cfg("colocated", decode={"tensor_parallel_size": 4, "pipeline_parallel_size": 4})
     (f,) = errors(preflight(c, "helm", gpus_per_node=8))
     assert f.key == "pools.decode" and "16 GPUs" in f.message and "8" in f.message
     assert preflight(c, "helm", gpus_per_node=16) == []
 
 
 def test_idle_gpus_are_a_warning() -> None:
-    c = cfg(prefill={"tensor_parallel_size": 2}, decode={"tensor_parallel_size": 2,
-                                                         "pipeline_parallel_size": 3})
+    c = cfg("colocated", decode={"tensor_parallel_size": 2, "pipeline_parallel_size": 3})
     found = preflight(c, "helm", gpus_per_node=8)
     assert keys(found) == [] and keys(found, "warning") == ["pools.decode"]
 
@@ -66,6 +64,19 @@ def test_pd_compatibility() -> None:
                          "pools": {"prefill": {"tensor_parallel_size": 2},
                                    "decode": {"tensor_parallel_size": 3}}})
     assert errors(preflight(same, "helm", gpus_per_node=8)) == []  # no prefill pool deployed
+
+
+@pytest.mark.parametrize("pool", ["prefill", "decode"])
+def test_pipeline_parallelism_with_nixl_is_refused(pool) -> None:
+    # vLLM 0.32's NIXL connector (kv_transfer/compat.py nixl_pp_problems): refused where
+    # splitserve runs the engines, a warning where KServe's image does.
+    c = cfg(**{pool: {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}})
+    for target in ("helm", "kserve"):
+        (f,) = errors(preflight(c, target, gpus_per_node=8))
+        assert f.key == "pools" and f"{pool} PP 2" in f.message and "NIXL" in f.message
+    found = preflight(c, "llmisvc", gpus_per_node=8)
+    assert keys(found) == [] and keys(found, "warning") == ["pools"]
+    assert errors(preflight(cfg("colocated", decode={"pipeline_parallel_size": 2}), "helm")) == []
 
 
 def test_cpu_rules() -> None:
@@ -102,7 +113,7 @@ def test_cli_check(tmp_path: Path, capsys) -> None:
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(yaml.safe_dump({"model": LLAMA, "device": "cuda", "router": {"host": "0.0.0.0"},
                                     "pools": {"decode": {"tensor_parallel_size": 4}}}))
-    bad.write_text(yaml.safe_dump({"model": LLAMA, "device": "cuda",
+    bad.write_text(yaml.safe_dump({"model": LLAMA, "device": "cuda", "mode": "colocated",
                                    "pools": {"decode": {"tensor_parallel_size": 8,
                                                         "pipeline_parallel_size": 2}}}))
     assert main(["k8s", "check", "-c", str(good), "--gpus-per-node", "8"]) == 0

@@ -12,6 +12,7 @@ from splitserve.kv_transfer.compat import (
     CompatibilityError,
     ModelShape,
     check_pd_compatible,
+    nixl_pp_problems,
     read_model_shape,
 )
 
@@ -57,9 +58,30 @@ def test_heterogeneous_tp_that_divides_is_allowed_on_gpu():
     check_pd_compatible(p, d, SHAPE)
 
 
-def test_pp_allowed_on_gpu():
-    p, d = _specs("cuda", **{"pools.prefill.pipeline_parallel_size": 2})
-    check_pd_compatible(p, d, SHAPE)
+@pytest.mark.parametrize(("pool", "needle"), [
+    ("decode", r"refuses pipeline parallelism on a decode \(kv_consumer\) engine"),
+    ("prefill", "first pipeline stage only"),
+])
+def test_pp_with_nixl_is_refused_on_gpu(pool, needle):
+    # vLLM 0.32's NIXL connector: PP on a kv_consumer raises; the pull connector reads only a
+    # producer's first PP stage (kv_transfer/compat.py nixl_pp_problems, with the vLLM lines).
+    p, d = _specs("cuda", **{f"pools.{pool}.pipeline_parallel_size": 2})
+    with pytest.raises(CompatibilityError, match=needle):
+        check_pd_compatible(p, d, SHAPE)
+
+
+def test_nixl_pp_problems_name_each_pool():
+    assert nixl_pp_problems(1, 1) == []
+    both = nixl_pp_problems(2, 4)
+    assert [m.split(":")[0] for m in both] == ["decode PP 4", "prefill PP 2"]
+
+
+def test_pp_without_disaggregation_is_not_a_pd_question():
+    # Colocated engines carry no connector: check_pd_compatible is not called for them, and
+    # the preflight accepts PP on a colocated GPU pool (tests/k8s/test_preflight.py).
+    cfg = load_config(None).with_overrides(**{"mode": "colocated", "device": "cuda",
+                                              "pools.decode.pipeline_parallel_size": 2})
+    assert engine_spec(cfg, "decode", "cuda").kv_transfer is False
 
 
 def test_unknown_shape_skips_head_rule():

@@ -55,6 +55,44 @@ Deployed pools, as a JSON list: colocated mode deploys only decode.
 {{- end }}
 
 {{/*
+Worker pods one replica of a pool needs: 1 (a replica's TP x PP ranks run in one Ray actor on one
+pod). Mirrors splitserve.k8s.layout.pods_per_replica.
+*/}}
+{{- define "splitserve.podsPerReplica" -}}
+1
+{{- end }}
+
+{{/*
+"true" when the config has an autoscaling section (also an empty one: splitserve's defaults),
+else "": the controller then sets the pools' replicas and KubeRay's autoscaler follows them.
+*/}}
+{{- define "splitserve.autoscaling" -}}
+{{- if not (kindIs "invalid" .Values.config.autoscaling) }}true{{ end }}
+{{- end }}
+
+{{/*
+A pool's worker group size, as JSON {replicas, min, max}; call with (list $ role). With
+config.autoscaling, KubeRay's autoscaler sizes the group between the config's min_replicas and
+max_replicas times the pods a replica needs, starting from the pool's replicas (clamped);
+without it the group is fixed. Mirrors splitserve.k8s.layout.worker_group_size.
+*/}}
+{{- define "splitserve.groupSize" -}}
+{{- $root := index . 0 }}
+{{- $role := index . 1 }}
+{{- $pool := index $root.Values.config.pools $role }}
+{{- $per := int (include "splitserve.podsPerReplica" $root) }}
+{{- $n := mul (int (default 1 $pool.replicas)) $per }}
+{{- $auto := $root.Values.config.autoscaling }}
+{{- if include "splitserve.autoscaling" $root }}
+{{- $low := mul (int (ternary 1 $auto.min_replicas (kindIs "invalid" $auto.min_replicas))) $per }}
+{{- $high := mul (int (default 64 $auto.max_replicas)) $per }}
+{{- dict "replicas" (min (max $n $low) $high) "min" $low "max" $high | toJson }}
+{{- else }}
+{{- dict "replicas" $n "min" $n "max" $n | toJson }}
+{{- end }}
+{{- end }}
+
+{{/*
 The effective config (YAML): values.config, plus tenancy.tenants_file when the API-key Secret is
 mounted. Mirrors splitserve.k8s.chart.effective_config.
 */}}
@@ -105,7 +143,7 @@ worker group by the custom resource "splitserve-<pool>". Every other option come
       "import_path" "splitserve.app:app_builder"
       "args" $args
       "deployments" $deployments
-      "external_scaler_enabled" (not (empty $cfg.autoscaling)) }}
+      "external_scaler_enabled" (not (kindIs "invalid" $cfg.autoscaling)) }}
 {{- $http := dict "host" $cfg.router.host "port" (int $cfg.router.port) }}
 {{- toYaml (dict "http_options" $http "applications" (list $app)) }}
 {{- end }}
