@@ -28,7 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from splitserve.config import SplitserveConfig
 from splitserve.logs import configure_logging
-from splitserve.engine.messages import GenerateChunk, GenerateRequest
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, HTTPCall, Sampling
+from splitserve.router import forward
 from splitserve.router.adapters import AdapterRegistry
 from splitserve.router.catalog import ModelCatalog
 from splitserve.router.choices import choice_requests, merge_choices
@@ -44,10 +45,9 @@ from splitserve.router.model_routes import (
     health_names,
     pool_handles,
 )
-from splitserve.router.prepare import parse_body, prepare_request
 from splitserve.router.prompts import PromptBuilder
 from splitserve.router.request_log import RequestObserver, trace_id_of
-from splitserve.router.responses import Renderer, sse
+from splitserve.router.responses import sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
 from splitserve.router.tenancy.admin import AdminAuth
@@ -84,26 +84,19 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-REPLICA_HEADER = "x-splitserve-replica"  # the decode replica that served the request
+REPLICA_HEADER = "x-splitserve-replica"  # the replica that served the request
 
 
-def _replica_header(renderer: Renderer) -> dict[str, str]:
-    return {REPLICA_HEADER: renderer.replica} if renderer.replica else {}
+def _content_type(headers: tuple[tuple[str, str], ...]) -> str | None:
+    """The content type of a response from vLLM's server (None: not given). Defined above the
+    deployment class: Serve pickles the class by value with the globals it has seen so far."""
+    return next((v for k, v in headers if k.lower() == "content-type"), None)
 
 
 async def _aclose(chunks: AsyncIterator[GenerateChunk]) -> None:
     """Close `chunks`. Starlette awaits only coroutine functions: an async generator's bound
     `aclose` is not one, so it would be called in a thread and the close never awaited."""
     await chunks.aclose()  # type: ignore[attr-defined]
-
-
-def _prompt_text(req: Any) -> Any:
-    """The prompt as the client sent it (a completion's `prompt`, a chat's messages' text), for
-    the request log when `observability.log_prompts` is on."""
-    messages = getattr(req, "messages", None)
-    if messages is not None:
-        return [{"role": m.role, "content": m.text()} for m in messages]
-    return getattr(req, "prompt", None)
 
 
 @serve.deployment(
@@ -288,6 +281,51 @@ class Router:
         cards = self.catalog.cards(allowed=None, created=self.created)
         return next(c for c in cards if c["id"] == model_id)
 
+    # ---- vLLM's own endpoints -----------------------------------------------------------
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's `/tokenize`, answered by a replica of the model's engines."""
+        return await self._forward_plain(request, "/tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's `/detokenize`, answered by a replica of the model's engines."""
+        return await self._forward_plain(request, "/detokenize")
+
+    @app.get("/version")
+    async def version(self) -> Response:
+        """vLLM's `/version` (the engines' vLLM release)."""
+        route = self.routes[self.primary_model()]
+        return await self._call_engine(route, HTTPCall("GET", "/version"))
+
+    async def _forward_plain(self, request: Request, path: str) -> Response:
+        """A tenant's request to one of vLLM's non-generating endpoints of its model."""
+        tenant = self.tenancy.authenticate(request.headers.get("authorization"))
+        fwd = forward.parse("completions", await read_body(request, self.cfg.router.max_body_bytes))
+        target = self.catalog.resolve(
+            fwd.model or self.primary_model(), allowed=tenant.allowed_models,
+            key=uuid.uuid4().hex,
+        )
+        payload = dict(fwd.payload)
+        payload["model"] = target.adapter.name if target.adapter is not None else target.base
+        return await self._call_engine(self.routes[target.base], HTTPCall("POST", path, json=payload))
+
+    async def _call_engine(self, route: ModelRoute, call: HTTPCall) -> Response:
+        """`call` on a replica of `route`'s decode pool, its answer as vLLM's server gave it."""
+        status, headers, body = 502, (), bytearray()
+        gen = route.pools["decode"].options(stream=True).serve_http.remote(call)
+        try:
+            async for chunk in gen:
+                if chunk.status is not None:
+                    status, headers = chunk.status, chunk.headers
+                body.extend(chunk.data)
+        except Exception as err:  # noqa: BLE001 - no replica could answer
+            raise unavailable(f"No engine replica could answer ({type(err).__name__}).") from None
+        finally:
+            gen.cancel()
+        return Response(bytes(body), status_code=status, media_type=_content_type(headers))
+
     # ---- generation -----------------------------------------------------------------------
 
     @app.post("/v1/completions")
@@ -337,42 +375,42 @@ class Router:
         tenant = self.tenancy.authenticate(request.headers.get("authorization"))
         trace.describe(tenant=tenant)
         obs.describe(tenant=tenant.name)
-        body = await read_body(request, self.cfg.router.max_body_bytes)
-        req = parse_body(endpoint, body)
+        fwd = forward.parse(endpoint, await read_body(request, self.cfg.router.max_body_bytes))
         target = self.catalog.resolve(
-            req.model, allowed=tenant.allowed_models, key=req.user or uuid.uuid4().hex
+            fwd.model or self.primary_model(), allowed=tenant.allowed_models,
+            key=fwd.user or uuid.uuid4().hex,
         )
         route = self.routes[target.base]
-        prepared = prepare_request(endpoint, req, route.prompts)
-        gen_req = dataclasses.replace(
-            prepared.generate, cache_salt=self.tenancy.cache_salt(tenant, req.cache_salt),
+        prompt = forward.estimate_prompt(fwd, route.prompts)
+        request_id = uuid.uuid4().hex
+        # The output budget: what the client asked for, else what the context leaves.
+        budget = fwd.max_tokens or max(route.prompts.max_model_len - len(prompt), 1)
+        gen_req = GenerateRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling=Sampling(max_tokens=budget),
+            cache_salt=self.tenancy.cache_salt(tenant, fwd.cache_salt),
             lora=target.adapter,
+            disaggregable=fwd.single_sequence,
         )
-        renderer = Renderer(
-            kind="chat" if endpoint == "chat" else "completion",
-            request_id=gen_req.request_id,
-            model=target.model,
-            prompt_tokens=len(gen_req.prompt_token_ids),
-            include_usage=req.include_usage,
-            return_token_ids=req.return_token_ids,
-            n=prepared.n,
-            logprobs=gen_req.sampling.logprobs is not None,
-            tools=prepared.tools,
-        )
-        trace.describe(request=gen_req, stream=req.stream)
-        obs.describe(request=gen_req, stream=req.stream,
-                     prompt=_prompt_text(req) if obs.log_prompt else None)
+        gen_req = dataclasses.replace(gen_req, http=forward.call(
+            fwd, model=target.adapter.name if target.adapter is not None else target.base,
+            request_id=request_id, cache_salt=gen_req.cache_salt,
+        ))
+        trace.describe(request=gen_req, stream=fwd.stream)
+        obs.describe(request=gen_req, stream=fwd.stream,
+                     prompt=fwd.prompt_text() if obs.log_prompt else None)
         timeout_s = request_timeout(
             self.cfg.router.request_timeout_s, request.headers.get(TIMEOUT_HEADER)
         )
         chunks = obs.stream(trace.stream(
             within_deadline(
-                self._generate(tenant, gen_req, route, trace.context, n=prepared.n), timeout_s
+                self._generate(tenant, gen_req, route, trace.context, n=fwd.choices), timeout_s
             )
         ))
-        if req.stream:
-            return await self._stream(chunks, renderer)
-        return await self._whole(chunks, renderer)
+        if fwd.stream:
+            return await self._stream(chunks)
+        return await self._whole(chunks)
 
     async def _generate(
         self, tenant: Tenant, gen_req: GenerateRequest, route: ModelRoute | None = None,
@@ -390,30 +428,37 @@ class Router:
             async with self.tenancy.request(
                 tenant, prompt_tokens=prompt, max_tokens=limit
             ) as usage:
-                streams = [
-                    dispatcher.stream(r, tenant, trace_context)
-                    for r in choice_requests(gen_req, n)
-                ]
-                async for chunk in merge_choices(streams):
+                if gen_req.http is not None:  # vLLM's server samples the n choices itself
+                    chunks = dispatcher.stream(gen_req, tenant, trace_context)
+                else:
+                    chunks = merge_choices([
+                        dispatcher.stream(r, tenant, trace_context)
+                        for r in choice_requests(gen_req, n)
+                    ])
+                async for chunk in chunks:
                     usage.add_output(len(chunk.token_ids))
                     yield chunk
         finally:
             if adapter is not None:
                 self.adapters.release(adapter)
 
-    async def _whole(
-        self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer
-    ) -> JSONResponse:
+    async def _whole(self, chunks: AsyncIterator[GenerateChunk]) -> Response:
+        """The engine's whole response, as vLLM's server wrote it."""
+        status, headers, body, replica = 200, (), bytearray(), ""
         try:
             async for chunk in chunks:
-                renderer.add(chunk)
+                if chunk.status is not None:
+                    status, headers = chunk.status, chunk.headers
+                body.extend(chunk.data)
+                replica = chunk.replica or replica
         finally:
             await chunks.aclose()
-        return JSONResponse(renderer.whole(), headers=_replica_header(renderer))
+        return Response(bytes(body), status_code=status, media_type=_content_type(headers),
+                        headers={REPLICA_HEADER: replica} if replica else None)
 
-    async def _stream(self, chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> Response:
-        # Wait for the first chunk before answering 200, so early failures (quota, queue full,
-        # worker error) keep their HTTP status.
+    async def _stream(self, chunks: AsyncIterator[GenerateChunk]) -> Response:
+        # Wait for the response's start before answering 200, so that early failures (quota,
+        # queue full, a request vLLM's server refuses, worker error) keep their HTTP status.
         try:
             first = await anext(chunks)
         except StopAsyncIteration:
@@ -424,16 +469,11 @@ class Router:
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                for event in renderer.first_events():
-                    yield event
-                chunk: GenerateChunk | None = first
-                while chunk is not None:
-                    renderer.add(chunk)
-                    for event in renderer.chunk_events(chunk):
-                        yield event
-                    chunk = await anext(chunks, None)
-                for event in renderer.last_events():
-                    yield event
+                if first.data:
+                    yield first.data
+                async for chunk in chunks:
+                    if chunk.data:
+                        yield chunk.data
             except APIError as err:
                 yield sse(err.body())
             finally:
@@ -443,8 +483,8 @@ class Router:
         # generator anyway so the quota is settled and the worker request cancelled.
         return StreamingResponse(
             events(),
-            media_type="text/event-stream",
+            status_code=first.status or 200,
+            media_type=_content_type(first.headers) or "text/event-stream",
             headers={REPLICA_HEADER: first.replica},
             background=BackgroundTask(_aclose, chunks),
         )
-

@@ -31,6 +31,7 @@ from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
 from splitserve.router.coalescing import stream_interval
 from splitserve.router.errors import APIError, bad_request, server_error, unavailable
+from splitserve.router.forward import engine_request
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.pace import PaceMeter
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
@@ -133,6 +134,8 @@ class Dispatcher:
     def _path(self, req: GenerateRequest, load: PoolLoad) -> PrefillPath:
         if "prefill" not in self.pools:
             return PrefillPath.COLOCATED
+        if not req.disaggregable:
+            return PrefillPath.MULTI_SEQUENCE
         return prefill_path(
             prompt_tokens=len(req.prompt_token_ids),
             expected_cached_tokens=0,
@@ -252,7 +255,7 @@ class Dispatcher:
         n_prompt = len(req.prompt_token_ids)
         attempt: GenerateRequest | None = req
         streamed: list[int] = []
-        migrations, replica = 0, ""
+        migrations, replica, relayed = 0, "", False
         while attempt is not None:
             hop = self.tracing.start(DECODE, parent)
             if migrations and hop.is_recording():
@@ -262,14 +265,18 @@ class Dispatcher:
                     async for chunk in chunks:
                         replica = chunk.replica or replica
                         streamed.extend(chunk.token_ids)
+                        relayed = relayed or bool(chunk.data)
                         yield chunk if attempt is req else _as_original(chunk, n_prompt)
                 return
             except APIError:
                 raise
             except Exception as err:  # worker crashed, engine error, replica gone
                 kind = classify(err)
-                if not migrate_decode(kind=kind, migrations=migrations,
-                                      max_migrations=self.decode_migrations):
+                # A forwarded call whose response has begun cannot be continued exactly
+                # elsewhere (vLLM's server renders it: its constraint state, seed and stop
+                # strings are there): the stream ends with an error event instead.
+                if relayed or not migrate_decode(kind=kind, migrations=migrations,
+                                                 max_migrations=self.decode_migrations):
                     raise _worker_error(req.request_id, err) from err
                 migrations += 1
                 failed = failed_replica(err) or replica
@@ -277,10 +284,14 @@ class Dispatcher:
                 log.warning("generation of %s on %s failed after %d tokens (%s: %s); continuing "
                             "on a decode replica", req.request_id, pool, len(streamed), kind, err)
                 pool = "decode"  # a continuation prefills its prompt there, like a colocated run
-                attempt = continuation(
-                    req, streamed, migration=migrations,
-                    avoid=attempt.avoid_replicas + ((failed,) if failed else ()),
-                )
+                avoid = attempt.avoid_replicas + ((failed,) if failed else ())
+                if req.http is not None:  # nothing relayed yet: the whole call again
+                    attempt = dataclasses.replace(
+                        req, request_id=f"{req.request_id}-m{migrations}",
+                        kv_transfer_params=None, avoid_replicas=avoid,
+                    )
+                    continue
+                attempt = continuation(req, streamed, migration=migrations, avoid=avoid)
         # every token was out before the failure: only the ending was lost
         yield GenerateChunk((), "", finish_reason="length", num_prompt_tokens=n_prompt,
                             replica=replica)
@@ -291,7 +302,7 @@ class Dispatcher:
         """One worker call on `pool`: its chunks, traced as the `hop` span (ended here).
         Closing the iterator cancels the worker request."""
         n_out, kv_bytes, last, first, first_ns, engine_ttft = 0, 0, None, None, None, None
-        gen = self.pools[pool].options(stream=True).generate.remote(req)
+        gen = self.pools[pool].options(stream=True).generate.remote(engine_request(req))
         try:
             async for chunk in gen:
                 if chunk.kv_bytes:
@@ -374,6 +385,9 @@ class Dispatcher:
                 kind = classify(err)
                 record_failure(span, err, kind=kind)
                 self.metrics.prefill_failures.labels(reason=kind).inc()
+                rejected = rejection(err) if kind == "rejected" else None
+                if rejected is not None and rejected.body:  # vLLM's server refused it: so
+                    raise _worker_error(req.request_id, err) from None  # would decode's
                 log.warning("prefill of %s failed (try %d, %s): %s",
                             req.request_id, attempt, kind, err)
                 replica = failed_replica(err)
@@ -411,7 +425,8 @@ class Dispatcher:
         )
         span.set_attribute(REQUEST_ID, prefill_req.request_id)
         params = None
-        gen = self.pools["prefill"].options(stream=True).generate.remote(prefill_req)
+        gen = self.pools["prefill"].options(stream=True).generate.remote(
+            engine_request(prefill_req))
         try:
             async for chunk in gen:
                 params = chunk.kv_transfer_params or params
@@ -442,6 +457,9 @@ def _worker_error(request_id: str, err: Exception) -> APIError:
     if isinstance(err, (BackPressureError, DeploymentUnavailableError)):
         return unavailable(f"No worker can take the request now ({type(err).__name__}).")
     rejected = rejection(err)
+    if rejected is not None and rejected.body:  # vLLM's server's own answer, as it wrote it
+        return APIError(rejected.status, rejected.message, param=rejected.param,
+                        raw=rejected.body)
     if rejected is not None:
         return bad_request(f"The engine rejected the request: {rejected.message}",
                            param=rejected.param)

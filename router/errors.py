@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 
 class APIError(Exception):
@@ -19,8 +19,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
     ) -> None:
         super().__init__(message)
+        self.raw = raw  # a body written elsewhere (vLLM's server), passed on as it is
         self.status = status
         self.message = message
         self.type = type
@@ -30,6 +32,13 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON body (also used inside an SSE `data:` line mid-stream)."""
+        if self.raw is not None:
+            import json
+
+            try:
+                return json.loads(self.raw)
+            except ValueError:
+                pass
         return {
             "error": {
                 "message": self.message,
@@ -41,6 +50,9 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         """The HTTP response."""
+        if self.raw is not None:
+            return Response(self.raw, status_code=self.status, headers=self.headers,
+                            media_type="application/json")
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 

@@ -69,6 +69,9 @@ class PrefillPath(str, Enum):
     SHORT_OUTPUT = "short_output"  # a short output runs whole on decode (the less loaded pool)
     SHORT_OUTPUT_OFFLOAD = "short_output_offload"  # ... whole on prefill (the less loaded pool)
     SLOW_DECODE = "slow_decode"  # whole on prefill: decode's streams are slower than the limit
+    # several output sequences (n, beam search) or prompts in one request: whole on decode, one
+    # prefill on one engine for all of them (vLLM's server hands off one prompt's KV)
+    MULTI_SEQUENCE = "multi_sequence"
 
     @property
     def remote(self) -> bool:

@@ -359,7 +359,7 @@ class RequestTrace(RequestEnd):
         if tenant is not None:
             attrs[TENANT] = tenant.name
         if request is not None:
-            attrs[GENAI_RESPONSE_ID] = request.request_id
+            attrs[GENAI_RESPONSE_ID] = response_id(request)
             attrs[GENAI_INPUT_TOKENS] = len(request.prompt_token_ids)
             attrs[GENAI_MAX_TOKENS] = request.sampling.max_tokens
         if stream is not None:
@@ -503,3 +503,12 @@ def handoff_blocks(params: Mapping[str, Any] | None) -> int:
     blocks = (params or {}).get("remote_block_ids") or []
     first = blocks[0] if blocks else []
     return len(first) if isinstance(first, (list, tuple)) else len(blocks)
+
+
+def response_id(request: GenerateRequest) -> str:
+    """The `id` of the response the client gets: vLLM's server builds it from the request id
+    the router gave it (`cmpl-<id>`, `chatcmpl-<id>`)."""
+    if request.http is None:
+        return request.request_id
+    prefix = "chatcmpl" if request.http.path.endswith("/chat/completions") else "cmpl"
+    return f"{prefix}-{request.request_id}"

@@ -60,6 +60,23 @@ class ModelConfig(_Strict):
         description="Built-in tiny model only (path null): another number draws other weights "
         "(same shape and tokenizer), e.g. a second model or a new version for tests.",
     )
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser of the model family (vLLM's `--tool-call-parser`, "
+        "e.g. hermes, llama3_json, mistral, qwen3_coder); it also turns on `tool_choice: auto` "
+        "(`--enable-auto-tool-choice`). None: no automatic tool calls (named and required tool "
+        "calls still work).",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM's reasoning parser of the model family (vLLM's `--reasoning-parser`, "
+        "e.g. deepseek_r1, qwen3): the reasoning goes to `reasoning_content`. None: off.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A chat template (a file path or the template itself) instead of the model's "
+        "own (vLLM's `--chat-template`).",
+    )
 
 
 class PoolConfig(_Strict):
@@ -92,6 +109,11 @@ class PoolConfig(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only.")
     block_size: int | None = Field(None, ge=1, description="KV block size; None: engine default.")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="vLLM's scheduling policy: fcfs, or priority, in which a request's "
+        "`priority` (lower first) orders the engine's queue (vLLM refuses `priority` under fcfs).",
+    )
 
     @model_validator(mode="after")
     def _step_budget(self) -> PoolConfig:

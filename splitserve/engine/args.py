@@ -62,6 +62,12 @@ class EngineSpec:
     tiny_variant: int = 0  # built-in tiny model's weight variant (model None only)
     max_loras: int = 0  # LoRA adapters resident at once; 0: LoRA off
     max_lora_rank: int = 16
+    # vLLM's server options of the model (`--tool-call-parser`, `--reasoning-parser`,
+    # `--chat-template`); None: vLLM's defaults
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
+    scheduling_policy: str = "fcfs"  # vLLM's scheduler policy ("priority": requests' priority)
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
@@ -114,6 +120,10 @@ def engine_spec(
         max_loras=cfg.lora.max_loras if cfg.lora is not None else 0,
         max_lora_rank=cfg.lora.max_lora_rank if cfg.lora is not None else 16,
         faults=cfg.faults,
+        tool_call_parser=cfg.model.tool_call_parser,
+        reasoning_parser=cfg.model.reasoning_parser,
+        chat_template=cfg.model.chat_template,
+        scheduling_policy=pool.scheduling_policy,
     )
 
 
@@ -131,6 +141,7 @@ def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
         "enable_prefix_caching": True,
         "disable_log_stats": False,
         "kv_cache_dtype": spec.kv_cache_dtype,
+        "scheduling_policy": spec.scheduling_policy,
     }
     if spec.block_size is not None:
         kwargs["block_size"] = spec.block_size

@@ -21,10 +21,12 @@ from ray import serve
 
 from splitserve.engine import faults
 from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec, engine_env, engine_kwargs
+from splitserve.engine import vllm_server
 from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
     GenerateRequest,
+    HTTPCall,
     LoraOp,
     LoraRef,
     RequestRejected,
@@ -134,6 +136,21 @@ def first_token_latency(out) -> float | None:
     return float(latency) if latency and latency > 0 else None
 
 
+def _rejected(replica: str, status: int, body: bytes) -> WorkerError:
+    """vLLM's server's error answer as an exception: a client error (4xx) is the client's, as
+    vLLM wrote it; a server error is a worker failure (retried or migrated by the router)."""
+    import json
+
+    try:
+        err = json.loads(body)["error"]
+        message, param = str(err.get("message", "")), err.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, param = body.decode("utf-8", "replace"), None
+    if status < 500:
+        return RequestRejected(replica, message, param, status=status, body=body)
+    return WorkerError(replica, f"vLLM server error {status}: {message}")
+
+
 def _remote_blocks(params: dict[str, Any] | None) -> int:
     """Blocks a decode request pulls from its prefill worker (0 for a local prefill)."""
     if not params or not params.get("do_remote_prefill"):
@@ -178,6 +195,8 @@ class EngineHost:
         self._loras: dict[int, str] = {}  # adapters asked for, by id (vLLM's list is the truth)
         self._loaded_loras: list[int] = []  # vLLM's list as last read (routing stats)
         self.engine = self._build_engine(model_path)
+        self._app: Any = None  # vLLM's OpenAI server over the engine (built on first use)
+        self._app_lock = asyncio.Lock()
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
         self.kv_capacity_tokens = kv_capacity_tokens(self.engine.vllm_config)
         log.info("%s: KV cache of %d tokens", self._holder, self.kv_capacity_tokens)
@@ -190,10 +209,12 @@ class EngineHost:
         from vllm.config import StructuredOutputsConfig
 
         kwargs = engine_kwargs(self.spec, model_path)
+        self._frontend_args = vllm_server.frontend_args(self.spec, kwargs)
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(**STRUCTURED_OUTPUTS)
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
-                **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s)
+                **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s,
+                                       role=self.spec.role)
             )
         args = AsyncEngineArgs(**kwargs)
         loggers: list[Any] = [self._stats.factory]
@@ -202,6 +223,91 @@ class EngineHost:
 
             loggers.append(RayPrometheusStatLogger)
         return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+
+    async def _openai_app(self) -> Any:
+        """vLLM's OpenAI server over this engine (built once, on first use)."""
+        if self._app is None:
+            async with self._app_lock:
+                if self._app is None:
+                    self._app = await vllm_server.build_app(self.engine, self._frontend_args)
+        return self._app
+
+    async def serve_http(self, call: HTTPCall) -> AsyncIterator[GenerateChunk]:
+        """Forward `call` to vLLM's server (no engine hooks: `/tokenize`, `/detokenize`,
+        `/version`, ...): yields the response start, then its body parts."""
+        app = await self._openai_app()
+        async for part in vllm_server.call_asgi(
+            app, call.method, call.path, call.headers, call.encoded(), call.query
+        ):
+            if isinstance(part, vllm_server.HTTPResponseStart):
+                yield GenerateChunk((), "", status=part.status, headers=part.headers,
+                                    replica=self._holder)
+            else:
+                yield GenerateChunk((), "", data=part, replica=self._holder)
+
+    async def _generate_http(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """`req.http` through vLLM's server, with the engine hooks of a request (the KV
+        handoff's deadline, faults, the stream interval) and our figures read back."""
+        assert req.http is not None
+        app = await self._openai_app()
+        expired = [False]
+
+        def kv_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
+            params, expired[0] = engine_kv_params(params, time.time())
+            if expired[0]:
+                self._stats.kv_handoffs_expired += 1
+                log.warning("%s: handoff of %s expired; recomputing", self._holder, req.request_id)
+            if params is not None and self.spec.faults.active:
+                params = self._faulty_kv_params(req, params)
+            return params
+
+        tap = vllm_server.RequestTap(stream_interval=req.stream_interval, kv_params=kv_params)
+        token = vllm_server.CURRENT_TAP.set(tap)
+        status: int | None = None
+        first_out, error = True, bytearray()
+        call = req.http
+        try:
+            parts = vllm_server.call_asgi(
+                app, call.method, call.path, call.headers, call.encoded(), call.query
+            )
+            async for part in parts:
+                if isinstance(part, vllm_server.HTTPResponseStart):
+                    status = part.status
+                    if status >= 400:
+                        continue
+                    yield GenerateChunk((), "", status=status, headers=part.headers,
+                                        replica=self._holder)
+                    continue
+                if status is not None and status >= 400:
+                    error.extend(part)
+                    continue
+                engine_ttft = None
+                if first_out and tap.engine_ttft_s is not None:
+                    first_out, engine_ttft = False, tap.engine_ttft_s
+                yield GenerateChunk(
+                    tap.take_tokens(), "", data=part, replica=self._holder,
+                    num_prompt_tokens=tap.num_prompt_tokens,
+                    num_cached_tokens=tap.num_cached_tokens, engine_ttft_s=engine_ttft,
+                )
+            if status is not None and status >= 400:
+                raise _rejected(self.replica_id, status, bytes(error))
+            measured = None
+            for rid in tap.request_ids:
+                measured = self._stats.pop_request_transfer(rid) or measured
+            recomputed = self._recomputed(req, expired[0], measured)
+            pulled = _remote_blocks(tap.remote_kv) * self.kv_block_bytes
+            yield GenerateChunk(
+                tap.take_tokens(), "", finish_reason=tap.finish_reason or "stop",
+                num_prompt_tokens=tap.num_prompt_tokens, num_cached_tokens=tap.num_cached_tokens,
+                replica=self._holder,
+                kv_bytes=measured.bytes if measured else pulled,
+                kv_transfer_s=measured.seconds if measured and measured.transfers else None,
+                kv_recomputed=recomputed, kv_transfer_params=tap.kv_transfer_params,
+            )
+        finally:
+            vllm_server.CURRENT_TAP.reset(token)
+            for rid in tap.request_ids:
+                self._stats.pop_request_transfer(rid)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Run one request to completion, yielding a chunk per engine step.
@@ -215,6 +321,10 @@ class EngineHost:
         try:
             if self.spec.faults.active:
                 await self._inject_faults(req)
+            if req.http is not None:
+                async for chunk in self._generate_http(req):
+                    yield chunk
+                return
             kv_params, expired = engine_kv_params(req.kv_transfer_params, time.time())
             if expired:
                 self._stats.kv_handoffs_expired += 1
@@ -372,8 +482,10 @@ class EngineHost:
         await self.engine.check_health()
 
     async def health(self) -> dict:
-        """For the router's /health: raises like check_health, else a short status."""
+        """For the router's /health: raises like check_health, else a short status. The first
+        call also builds vLLM's server, so that no request waits for it."""
         await self.engine.check_health()
+        await self._openai_app()
         return {"role": self.spec.role, "replica": self._holder, "cores": self.cores}
 
     async def stats(self) -> EngineStats:

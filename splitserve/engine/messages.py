@@ -78,8 +78,36 @@ class LoraOp:
 
 
 @dataclass(frozen=True)
+class HTTPCall:
+    """A client request forwarded to the engine replica's vLLM server (`engine/vllm_server.py`):
+    the router's additions (model, cache salt, request id, KV params) are already in `body`."""
+
+    method: str
+    path: str
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
+    query: str = ""
+    json: dict[str, Any] | None = None  # a JSON body not yet encoded (wins over `body`)
+
+    def encoded(self) -> bytes:
+        """The body's bytes."""
+        if self.json is None:
+            return self.body
+        import json
+
+        return json.dumps(self.json).encode()
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
-    """One request as a worker sees it: already tokenized, already checked against the context."""
+    """One request as a worker sees it.
+
+    With `http` set, the engine replica runs it through vLLM's own OpenAI server and the chunks
+    carry that server's response bytes (`GenerateChunk.data`); `prompt_token_ids` are then the
+    router's own count of the prompt (policy, routing, faults) and `sampling.max_tokens` its
+    output budget. Without `http`, the request is already tokenized and checked, and the
+    worker samples it with `sampling`.
+    """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -91,6 +119,10 @@ class GenerateRequest:
     # The engine yields a chunk once this many new tokens are ready (the first token and the
     # last chunk at once); the router raises it under load (router/coalescing.py).
     stream_interval: int = 1
+    http: HTTPCall | None = None
+    # False: the request must run whole on one engine (a forwarded call with several output
+    # sequences or prompts: vLLM's server hands off one prompt's KV per request)
+    disaggregable: bool = True
 
 
 @dataclass(frozen=True)
@@ -146,6 +178,11 @@ class GenerateChunk:
     # First chunk with tokens: the engine's own time to first token (vLLM's first-token latency:
     # from the request's arrival in the engine to its first token's output); None otherwise.
     engine_ttft_s: float | None = None
+    # A forwarded HTTP call (`GenerateRequest.http`): the response's status and headers (first
+    # chunk) and the body bytes vLLM's server wrote since the last chunk.
+    status: int | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    data: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -187,7 +224,13 @@ class RequestRejected(WorkerError):
     its structured-output compiler does not accept): the client's 400, never retried elsewhere.
     `param`: the request parameter vLLM names, if any."""
 
-    def __init__(self, replica: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, replica: str, message: str, param: str | None = None,
+        status: int = 400, body: bytes = b"",
+    ) -> None:
         super().__init__(replica, message)
         self.param = param
-        self.args = (replica, message, param)  # so that it pickles across Ray
+        # vLLM's server's own answer (status and JSON error body), passed to the client as is
+        self.status = status
+        self.body = body
+        self.args = (replica, message, param, status, body)  # so that it pickles across Ray

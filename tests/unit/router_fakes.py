@@ -8,6 +8,7 @@ Used by test_tracing.py and test_observability.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -61,19 +62,50 @@ class Pool:
     def _remote(self, req):
         self.requests.append(req)
         outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
-        return StreamResponse(self.run(outcome))
+        return StreamResponse(self.run(outcome, req))
 
-    async def run(self, outcome):
-        """The chunks of one scripted outcome."""
+    async def run(self, outcome, req=None):
+        """The chunks of one scripted outcome (for a forwarded call, with its response bytes as
+        vLLM's server would write them: the status first, then SSE events or one JSON body)."""
         await asyncio.sleep(0)
         if isinstance(outcome, BaseException):
             raise outcome
         if isinstance(outcome, asyncio.Event):
             await outcome.wait()
             return
+        if req is not None and req.http is not None:
+            outcome = http_chunks(req, outcome)
         for chunk in outcome:
             yield chunk
             await asyncio.sleep(0)
+
+
+def http_chunks(req: GenerateRequest, chunks: list[GenerateChunk]) -> list[GenerateChunk]:
+    """`chunks` as a forwarded call's answer, in the engine host's order: a status chunk, the
+    text as SSE events and `[DONE]` (a stream) or one JSON body (not a stream), and last the
+    request's figures (the finish reason, the KV pull) on a chunk of their own."""
+    stream = bool(req.http.json.get("stream"))
+    kind = "text/event-stream" if stream else "application/json"
+    out = [GenerateChunk((), "", status=200, headers=(("content-type", kind),),
+                         replica=chunks[0].replica if chunks else "")]
+    text = ""
+    for chunk in chunks:
+        text += chunk.text
+        if chunk.finish_reason is None:
+            data = b"data: " + json.dumps({"choices": [{"text": chunk.text}]}).encode() + b"\n\n"
+            out.append(dataclasses.replace(chunk, data=data if stream else b""))
+            continue
+        tokens = dataclasses.replace(chunk, finish_reason=None, kv_bytes=0, kv_transfer_s=None,
+                                     kv_recomputed=None, kv_transfer_params=None)
+        if stream:
+            events = b"data: " + json.dumps({"choices": [{"text": chunk.text}]}).encode()
+            out.append(dataclasses.replace(tokens, data=events + b"\n\n"))
+            out.append(GenerateChunk((), "", data=b"data: [DONE]\n\n", replica=chunk.replica))
+        else:
+            body = {"model": req.http.json["model"], "choices": [{"text": text}]}
+            out.append(dataclasses.replace(tokens, data=json.dumps(body).encode()))
+        out.append(dataclasses.replace(chunk, token_ids=(), text=""))
+    return out
 
 
 ENGINE_TTFT_S = 0.02  # what the scripted engines report as their own time to first token

@@ -191,8 +191,10 @@ def test_server_errors_and_worker_failures_are_outcomes_too():
 
 
 def test_the_request_log_line_has_the_trace_id_and_no_prompt_unless_enabled(request_log):
+    decode = Pool(DECODE_OK)
+
     async def run(**observability):
-        router = build_router(_config(**observability), Pool(PREFILL_OK), Pool(DECODE_OK))
+        router = build_router(_config(**observability), Pool(PREFILL_OK), decode)
         headers = _auth(traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01")
         await drain(await router._serve("completions", http_request(completion_body(), headers)))
 
@@ -200,7 +202,8 @@ def test_the_request_log_line_has_the_trace_id_and_no_prompt_unless_enabled(requ
     (record,) = request_log
     fields = record.fields
     assert fields["trace_id"] == TRACE_ID  # tracing is off: the caller's trace id
-    assert fields["request_id"].startswith("cmpl-")
+    # the id the engine's vLLM server got (its response ids are built from it)
+    assert fields["request_id"] == decode.requests[0].http.json["request_id"]
     assert (fields["tenant"], fields["outcome"], fields["status"]) == ("acme", "ok", 200)
     assert (fields["prompt_tokens"], fields["cached_tokens"], fields["output_tokens"]) == (
         300, 288, 2)

@@ -64,9 +64,11 @@ def _parent_of(span) -> int | None:
 
 
 def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
+    decode_pool = Pool(DECODE_OK)
+
     async def run():
         exporter = InMemorySpanExporter()
-        router = build_router(config(), Pool(PREFILL_OK), Pool(DECODE_OK), exporter)
+        router = build_router(config(), Pool(PREFILL_OK), decode_pool, exporter)
         response = await router._serve("completions", http_request(completion_body()))
         assert response.status_code == 200
         # The handler has returned the StreamingResponse: the root span is still open.
@@ -98,7 +100,7 @@ def test_a_disaggregated_stream_is_one_trace_ending_with_its_stream():
     assert root.attributes[tr.GENAI_INPUT_TOKENS] == 300
     assert root.attributes[tr.GENAI_OUTPUT_TOKENS] == 2
     assert root.attributes[tr.GENAI_MAX_TOKENS] == 2
-    assert root.attributes[tr.GENAI_RESPONSE_ID].startswith("cmpl-")
+    assert root.attributes[tr.GENAI_RESPONSE_ID] == "cmpl-" + decode_pool.requests[0].request_id
     assert root.status.status_code is StatusCode.UNSET
     assert dispatch.attributes[tr.PREFILL_PATH] == "remote"
     assert dispatch.attributes[tr.FALLBACK] is False

@@ -1,0 +1,235 @@
+"""vLLM's own OpenAI server, in the engine replica, called in-process.
+
+Each engine replica builds vLLM's FastAPI application (`vllm.entrypoints.launchers.build_app`
+with the state `init_app_state` makes) over its `AsyncLLM`, exactly as `vllm serve` does, and
+the router forwards each client request to it as an HTTP call (method, path, headers, body).
+So every request parameter, validation message, endpoint (`/tokenize`, `/detokenize`,
+`/version`, ...) and tool-call or reasoning parser is vLLM's own: splitserve adds the gateway
+around it (tenancy, admission, the disaggregation decision, replica choice) and nothing to it.
+
+Per-request hooks the engine needs and vLLM's server has no place for (the KV handoff's fetch
+deadline, injected faults in tests, the stream interval the router asks for under load, and what
+the router reads back: new token ids, first-token latency, the KV pull's measurement) go through
+`TappedEngine`, a thin proxy of the engine client whose `generate` consults the current
+request's `RequestTap` (a context variable set by the host around each call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitserve.engine.args import EngineSpec
+
+# The HTTP paths of vLLM's server that the router forwards (everything else is the router's own).
+GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def frontend_args(spec: EngineSpec, engine_kwargs: dict[str, Any]) -> argparse.Namespace:
+    """vLLM's server arguments for this engine, as `vllm serve` would parse them: the defaults of
+    vLLM's own argument parser, then the engine's arguments and the model's parsers (tool-call
+    parser, reasoning parser, chat template) from the spec."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = ["--model", str(engine_kwargs["model"])]
+    if spec.tool_call_parser:
+        argv += ["--tool-call-parser", spec.tool_call_parser, "--enable-auto-tool-choice"]
+    if spec.reasoning_parser:
+        argv += ["--reasoning-parser", spec.reasoning_parser]
+    if spec.chat_template:
+        argv += ["--chat-template", spec.chat_template]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    for key, value in engine_kwargs.items():
+        setattr(args, key, value)
+    args.served_model_name = [spec.served_name]
+    args.disable_log_requests = True
+    return args
+
+
+@dataclass
+class RequestTap:
+    """What one forwarded call's engine requests did, as the host reads it back.
+
+    Filled by `TappedEngine.generate` from the engine's outputs; read and reset by the host
+    after each piece of the response (`take_tokens`).
+    """
+
+    stream_interval: int = 1
+    # hooks: the KV params to use instead of the request's (expired, or faults), by request
+    kv_params: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None
+    request_ids: list[str] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    engine_ttft_s: float | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    remote_kv: dict[str, Any] | None = None  # the KV params the engine ran with
+
+    def take_tokens(self) -> tuple[int, ...]:
+        """The output token ids since the last call."""
+        out, self.new_tokens = tuple(self.new_tokens), []
+        return out
+
+
+CURRENT_TAP: contextvars.ContextVar[RequestTap | None] = contextvars.ContextVar(
+    "splitserve_request_tap", default=None
+)
+
+
+def _first_token_latency(out: Any) -> float | None:
+    stats = getattr(out, "metrics", None)
+    latency = getattr(stats, "first_token_latency", 0.0) if stats is not None else 0.0
+    return float(latency) if latency and latency > 0 else None
+
+
+class TappedEngine:
+    """The engine client vLLM's server talks to: the real `AsyncLLM` with `generate` wrapped.
+
+    Every attribute but `generate` is the engine's own (vLLM's serving objects read its config,
+    renderer, LoRA and health methods through it).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any):
+        """`AsyncLLM.generate` under the current request's tap: its stream interval and KV
+        params applied, its outputs' tokens and figures recorded."""
+        tap = CURRENT_TAP.get()
+        if tap is None:
+            async for out in self._engine.generate(prompt, sampling_params, request_id, **kwargs):
+                yield out
+            return
+        if tap.stream_interval > 1:
+            sampling_params.stream_interval = tap.stream_interval
+        extra = dict(sampling_params.extra_args or {})
+        params = extra.get("kv_transfer_params")
+        if tap.kv_params is not None:
+            params = tap.kv_params(params)
+            if params is None:
+                extra.pop("kv_transfer_params", None)
+            else:
+                extra["kv_transfer_params"] = params
+            sampling_params.extra_args = extra or None
+        tap.remote_kv = params
+        tap.request_ids.append(request_id)
+        first = True
+        async for out in self._engine.generate(prompt, sampling_params, request_id, **kwargs):
+            for comp in out.outputs:
+                tap.new_tokens.extend(comp.token_ids)
+                if out.finished and comp.finish_reason:
+                    tap.finish_reason = comp.finish_reason
+            if first and any(c.token_ids for c in out.outputs):
+                first = False
+                tap.engine_ttft_s = _first_token_latency(out)
+            tap.num_prompt_tokens = len(out.prompt_token_ids or ())
+            tap.num_cached_tokens = out.num_cached_tokens or 0
+            if out.finished and out.kv_transfer_params:
+                tap.kv_transfer_params = out.kv_transfer_params
+            yield out
+
+
+async def build_app(engine: Any, args: argparse.Namespace):
+    """vLLM's OpenAI FastAPI application over `engine` (an `AsyncLLM`), with its state."""
+    import types
+
+    from starlette.datastructures import State
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app as vllm_build_app
+
+    client = TappedEngine(engine)
+    tasks = await engine.get_supported_tasks()
+    state = State()
+    await init_app_state(client, state, args, supported_tasks=tasks)
+    app = vllm_build_app(args, supported_tasks=tasks, model_config=engine.model_config)
+    app.state._state.update(state._state)
+    # vLLM's handler of a dead engine flips `state.server.should_exit` (the uvicorn server of
+    # `vllm serve`); Serve restarts a replica through its health check instead.
+    app.state.server = types.SimpleNamespace()
+    return app
+
+
+@dataclass(frozen=True)
+class HTTPResponseStart:
+    """The status line and headers of a response from vLLM's server."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+
+
+async def call_asgi(
+    app: Any, method: str, path: str, headers: tuple[tuple[str, str], ...], body: bytes,
+    query: str = "",
+) -> AsyncIterator[HTTPResponseStart | bytes]:
+    """Call ASGI `app` in-process: yields the response start, then each body part as it comes.
+
+    Closing the iterator early tells the app the client disconnected (vLLM then aborts the
+    request in the engine) and cancels it.
+    """
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    disconnected = asyncio.Event()
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        await queue.put(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+        "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+        "root_path": "", "query_string": query.encode(),
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
+    }
+    done = object()
+
+    async def run() -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            await queue.put({"type": done})
+
+    task = asyncio.create_task(run())
+    try:
+        while True:
+            message = await queue.get()
+            kind = message["type"]
+            if kind is done:
+                break
+            if kind == "http.response.start":
+                yield HTTPResponseStart(
+                    int(message["status"]),
+                    tuple((k.decode("latin-1"), v.decode("latin-1"))
+                          for k, v in message.get("headers", ())),
+                )
+            elif kind == "http.response.body":
+                data = message.get("body", b"")
+                if data:
+                    yield data
+                if not message.get("more_body", False):
+                    break
+        await task  # an exception the app did not turn into a response surfaces here
+    finally:
+        if not task.done():
+            disconnected.set()
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - the call is being abandoned
+                pass
