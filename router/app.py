@@ -1,7 +1,8 @@
 """The router: a Ray Serve ingress (FastAPI) speaking the OpenAI API.
 
 Endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (streamed over SSE or not,
-`usage` in both), `/health` (200 only when every pool answers), `/metrics` (Prometheus text),
+`usage` in both), `/health` = `/health/ready` (readiness: 200 while the router can serve, "ok" or
+"degraded"; 503 when it cannot, `router/readiness.py`), `/health/live` (liveness), `/metrics`,
 `/v1/usage` (per-tenant usage for an admin key, summed over router replicas),
 `POST /v1/admin/lora_adapters` and `DELETE /v1/admin/lora_adapters/{name}` (LoRA adapters at
 run time, admin key). A request's `model` names a served model, a LoRA adapter or an alias
@@ -46,6 +47,7 @@ from splitserve.router.model_routes import (
     pool_handles,
 )
 from splitserve.router.prompts import PromptBuilder
+from splitserve.router.readiness import decide, log, pool_name
 from splitserve.router.request_log import RequestObserver, trace_id_of
 from splitserve.router.responses import sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
@@ -192,27 +194,53 @@ class Router:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        """200 when every pool answers within the health timeout, else 503."""
-        names = list(self.pools)
-        results = await asyncio.gather(
-            *(self._ping(self.pools[n]) for n in names), return_exceptions=True
+        """Readiness (`router/readiness.py`): 200 while the router can serve, its body `ok`, or
+        `degraded` when a pool is short and a fallback serves (no prefill pool: local prefill on
+        decode); 503 `unavailable` when no model's decode pool answers. Pool states are short
+        words; what failed goes to the log."""
+        pings: dict[str, dict[str, str]] = {}
+        pools = [(m, role, h) for m, r in self.routes.items() for role, h in r.pools.items()]
+        states = await asyncio.gather(
+            *(self._ping(pool_name(m, role, len(self.routes)), h) for m, role, h in pools)
         )
-        status = {
-            n: ("ok" if not isinstance(r, BaseException) else repr(r))
-            for n, r in zip(names, results, strict=True)
-        }
-        ok = all(v == "ok" for v in status.values())
-        return JSONResponse(
-            {"status": "ok" if ok else "unavailable", "pools": status}, 200 if ok else 503
-        )
+        for (m, role, _), state in zip(pools, states, strict=True):
+            pings.setdefault(m, {})[role] = state
+        verdict = decide(pings, {m: r.view.mode for m, r in self.routes.items()})
+        return JSONResponse(verdict.body(), verdict.http_status)
 
-    async def _ping(self, handle: Any) -> Any:
+    @app.get("/health/ready")
+    async def health_ready(self) -> JSONResponse:
+        """The same as `/health`: the readiness probe."""
+        return await self.health()
+
+    @app.get("/health/live")
+    async def health_live(self) -> JSONResponse:
+        """Liveness: 200 whenever this router replica answers; no pool is pinged (a short pool
+        is for readiness to say, and restarting the router would not bring it back)."""
+        return JSONResponse({"status": "ok"})
+
+    async def _ping(self, name: str, handle: Any) -> str:
+        """One pool's state for the health endpoints (`readiness.POOL_STATES`); a failure is
+        logged, once per change of state, and never returned as text."""
         resp = handle.health.remote()
+        err: Exception | None = None
         try:
-            return await asyncio.wait_for(resp, self.cfg.router.health_timeout_s)
+            await asyncio.wait_for(resp, self.cfg.router.health_timeout_s)
+            state = "ok"
         except TimeoutError:
             resp.cancel()
-            raise TimeoutError("no replica answered") from None
+            state = "timeout"
+        except Exception as e:  # noqa: BLE001 - any failed ping means the pool is short
+            state, err = "unavailable", e
+        seen = self.__dict__.setdefault("_pool_states", {})
+        if seen.get(name, "ok") != state:
+            if state == "ok":
+                log.info("health: pool %s answers again", name)
+            else:
+                log.warning("health: pool %s is %s: %r", name, state,
+                            err or f"no answer within {self.cfg.router.health_timeout_s}s")
+        seen[name] = state
+        return state
 
     @app.get("/metrics")
     async def metrics(self) -> Response:

@@ -26,13 +26,14 @@ def free_port() -> int:
 
 
 def wait_healthy(base_url: str, timeout_s: float = 300) -> None:
-    """Poll /health until 200 (engines loaded) or fail the test."""
+    """Poll /health until every pool answers (status `ok`: every engine loaded; 200 alone may
+    be `degraded`, with a prefill pool still short) or fail the test."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
         try:
             r = httpx.get(f"{base_url}/health", timeout=5)
-            if r.status_code == 200:
+            if r.status_code == 200 and r.json().get("status") == "ok":
                 return
             last = r.text
         except httpx.HTTPError as err:

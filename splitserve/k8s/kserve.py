@@ -32,6 +32,9 @@ from splitserve.k8s.layout import (
 RUNTIME_FORMAT = "splitserve"  # the model format the ServingRuntime serves
 CONFIG_ENV = "SPLITSERVE_CONFIG"  # the config YAML, written to a file before `splitserve serve`
 CONFIG_FILE = "/tmp/splitserve.yaml"
+READY_PATH = "/health/ready"  # readiness and startup probes (router/readiness.py)
+LIVE_PATH = "/health/live"  # liveness probe: the router answers, no pool is pinged
+PROBE_TIMEOUT_S = 5  # each probe's timeout: keep router.health_timeout_s (2 s) below it
 SERVE_COMMAND = (
     f'printf "%s" "${CONFIG_ENV}" > {CONFIG_FILE} && '
     f"exec splitserve serve -c {CONFIG_FILE} --host 0.0.0.0 --port {KSERVE_PORT}"
@@ -96,13 +99,20 @@ def serving_runtime(*, name: str, image: str, namespace: str | None = None,
         command=["/bin/sh", "-c"],
         args=[SERVE_COMMAND],
         ports=[V1ContainerPort(container_port=KSERVE_PORT, name="http", protocol="TCP")],
+        # ready while the router can serve (router/readiness.py: a short prefill pool is
+        # "degraded", still ready); live while it answers. Timeouts above health_timeout_s.
         readiness_probe=V1Probe(
-            http_get=V1HTTPGetAction(path="/health", port=KSERVE_PORT),
-            period_seconds=10, failure_threshold=3,
+            http_get=V1HTTPGetAction(path=READY_PATH, port=KSERVE_PORT),
+            period_seconds=10, timeout_seconds=PROBE_TIMEOUT_S, failure_threshold=3,
+        ),
+        liveness_probe=V1Probe(
+            http_get=V1HTTPGetAction(path=LIVE_PATH, port=KSERVE_PORT),
+            period_seconds=10, timeout_seconds=PROBE_TIMEOUT_S, failure_threshold=6,
         ),
         startup_probe=V1Probe(
-            http_get=V1HTTPGetAction(path="/health", port=KSERVE_PORT),
-            period_seconds=10, failure_threshold=180,  # engines load for minutes on big models
+            http_get=V1HTTPGetAction(path=READY_PATH, port=KSERVE_PORT),
+            period_seconds=10, timeout_seconds=PROBE_TIMEOUT_S,
+            failure_threshold=180,  # engines load for minutes on big models
         ),
     )
     runtime = V1alpha1ServingRuntime(

@@ -2,7 +2,7 @@
 request, and a `Router` instance built by hand (its Serve constructor needs a cluster).
 
 The gates, tenancy, dispatcher, metrics and the Router's own request methods are the real ones.
-Used by test_tracing.py and test_observability.py.
+Used by test_tracing.py, test_observability.py and test_health.py.
 """
 
 from __future__ import annotations
@@ -47,6 +47,28 @@ class StreamResponse:
         self.cancelled = True
 
 
+class HealthResponse:
+    """Like a Serve response to `health.remote()`: awaitable, and cancellable."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        self.cancelled = False
+
+    def __await__(self):
+        return self._answer().__await__()
+
+    async def _answer(self) -> dict:
+        await asyncio.sleep(0)
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        if isinstance(self.outcome, asyncio.Event):
+            await self.outcome.wait()
+        return {"role": "fake"}
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class Pool:
     """A fake pool handle: each call plays the next scripted outcome, a list of chunks or an
     exception (the last outcome repeats). An `asyncio.Event` outcome waits for it to be set,
@@ -55,6 +77,10 @@ class Pool:
     def __init__(self, *outcomes) -> None:
         self.outcomes = list(outcomes)
         self.requests: list[GenerateRequest] = []
+        # what `health.remote()` does (the router's /health ping): None answers, an exception
+        # raises it, an `asyncio.Event` hangs until it is set
+        self.health_outcome: BaseException | asyncio.Event | None = None
+        self.health = SimpleNamespace(remote=lambda: HealthResponse(self.health_outcome))
 
     def options(self, **_):
         return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
