@@ -53,6 +53,7 @@ from splitserve.router.responses import sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
 from splitserve.router.tenancy.admin import AdminAuth
+from splitserve.router.tenancy.quotas import output_allowance
 from splitserve.router.tenancy.report import usage_report
 from splitserve.router.tenancy.service import pool_max_in_flight
 from splitserve.router.tracing import NoopRequestTrace, RequestTrace, Tracing
@@ -411,15 +412,21 @@ class Router:
         route = self.routes[target.base]
         prompt = forward.estimate_prompt(fwd, route.prompts)
         request_id = uuid.uuid4().hex
-        # The output budget: what the client asked for, else what the context leaves.
-        budget = fwd.max_tokens or max(route.prompts.max_model_len - len(prompt), 1)
+        # The output budget: what the client asked for; else what the context leaves, or less
+        # where the tenant's token limits end it first (then the engine stops there too).
+        budget = fwd.max_tokens
+        if budget is None:
+            room = max(route.prompts.max_model_len - len(prompt), 1)
+            budget = output_allowance(tenant.quotas, len(prompt), room, fwd.choices)
+            if budget < room:
+                fwd = forward.capped(fwd, budget)
         gen_req = GenerateRequest(
             request_id=request_id,
             prompt_token_ids=prompt,
             sampling=Sampling(max_tokens=budget),
             cache_salt=self.tenancy.cache_salt(tenant, fwd.cache_salt),
             lora=target.adapter,
-            disaggregable=fwd.single_sequence,
+            disaggregable=fwd.disaggregable,
         )
         gen_req = dataclasses.replace(gen_req, http=forward.call(
             fwd, model=target.adapter.name if target.adapter is not None else target.base,

@@ -74,14 +74,22 @@ class Forwarded:
         return max(counts)
 
     @property
-    def single_sequence(self) -> bool:
-        """One prompt, one output sequence: the only requests whose prompt's KV cache can be
-        handed from a prefill engine to a decode engine (vLLM's server returns one handoff)."""
-        return self.choices == 1 and not self.payload.get("use_beam_search")
+    def disaggregable(self) -> bool:
+        """Whether the prompt may be prefilled on another engine than the one that decodes:
+        one prompt and one output sequence (vLLM's server returns one handoff per request, so
+        several sequences share one prefill on one engine), and no prompt logprobs (computed
+        by the engine that runs the prompt, and answered by the one that decodes)."""
+        return (self.choices == 1 and not self.payload.get("use_beam_search")
+                and self.payload.get("prompt_logprobs") is None)
 
     def prompt_text(self) -> Any:
         """The prompt as sent (a completion's `prompt`, a chat's `messages`), for request logs."""
         return self.payload.get("messages" if self.endpoint == "chat" else "prompt")
+
+
+def capped(fwd: Forwarded, max_tokens: int) -> Forwarded:
+    """`fwd` with an output limit the client did not set (the tenant's quota ends it there)."""
+    return Forwarded(fwd.endpoint, {**fwd.payload, "max_tokens": max_tokens})
 
 
 def parse(endpoint: str, body: bytes) -> Forwarded:
@@ -102,6 +110,7 @@ def call(fwd: Forwarded, *, model: str, request_id: str, cache_salt: str | None)
     payload["model"] = model
     payload["request_id"] = request_id
     payload.pop("kv_transfer_params", None)
+    payload.pop("ec_transfer_params", None)
     if cache_salt is not None:
         payload["cache_salt"] = cache_salt
     else:
@@ -135,8 +144,7 @@ def prefill_payload(payload: dict[str, Any]) -> dict[str, Any]:
     out.update(max_tokens=1, stream=False, n=1)
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
-    for key in ("stream_options", "logprobs", "top_logprobs", "prompt_logprobs", "min_tokens",
-                "best_of", "echo"):
+    for key in ("stream_options", "logprobs", "top_logprobs", "min_tokens", "best_of", "echo"):
         out.pop(key, None)
     return out
 

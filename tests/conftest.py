@@ -237,9 +237,9 @@ async def stream_token_ids(
 # Modules that take their deployment from `shared_deployment`, in the order they run (first in
 # the session, so that consecutive ones find the config they need already up): test_api and
 # test_bench use the default colocated config, test_params that one and then the disaggregated
-# config of test_disaggregated.
+# config of test_disaggregated, test_vllm_compat that one and then a colocated one.
 SHARING_MODULES = ("e2e/test_api.py", "e2e/test_bench.py", "e2e/test_params.py",
-                   "e2e/test_disaggregated.py")
+                   "e2e/test_disaggregated.py", "e2e/test_vllm_compat.py")
 
 
 def _module_name(path) -> str:

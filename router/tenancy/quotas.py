@@ -206,3 +206,16 @@ def _check_size(tenant: str, limits: QuotaLimits, tokens: int) -> None:
         raise request_too_large(
             tenant, tokens, limits.tokens_per_minute, "tokens per minute (TPM)"
         )
+
+
+def output_allowance(limits: QuotaLimits, prompt_tokens: int, room: int, choices: int = 1) -> int:
+    """Output tokens per choice a request that names no `max_tokens` may use: what the context
+    leaves (`room`), or less where the tenant's per-request or per-minute token limit ends it
+    first (OpenAI clients usually leave `max_tokens` out: reserving the whole context would
+    refuse them under a limit they would never reach). At least 1: a prompt over a limit on its
+    own is then refused as too large, naming the limit."""
+    allowance = room
+    for limit in (limits.max_tokens_per_request, limits.tokens_per_minute):
+        if limit is not None:
+            allowance = min(allowance, (limit - prompt_tokens) // max(choices, 1))
+    return max(allowance, 1)

@@ -250,6 +250,9 @@ class EngineHost:
         handoff's deadline, faults, the stream interval) and our figures read back."""
         assert req.http is not None
         app = await self._openai_app()
+        if req.lora is not None:  # vLLM's server resolves the request's `model` to it
+            app.state.openai_serving_models.lora_requests[req.lora.name] = self._lora_request(
+                req.lora)
         expired = [False]
 
         def kv_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -440,7 +443,10 @@ class EngineHost:
         """
         ref = op.ref
         try:
-            await self.engine.add_lora(self._lora_request(ref))
+            lora = self._lora_request(ref)
+            await self.engine.add_lora(lora)
+            # vLLM's server serves it by name (its own registry of adapters, with our id)
+            (await self._openai_app()).state.openai_serving_models.lora_requests[ref.name] = lora
         except RequestRejected:
             raise
         except Exception as err:  # noqa: BLE001 - vLLM raises plain errors for bad adapters
@@ -457,6 +463,7 @@ class EngineHost:
         if self.spec.max_loras and lora_id in await self.engine.list_loras():
             await self.engine.remove_lora(lora_id)
         self._loras.pop(lora_id, None)
+        (await self._openai_app()).state.openai_serving_models.lora_requests.pop(op.ref.name, None)
         return {"replica": self.replica_id, "loras": await self.loras()}
 
     async def loras(self) -> list[int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,8 +26,10 @@ from typing import Any
 
 from splitserve.engine.args import EngineSpec
 
-# The HTTP paths of vLLM's server that the router forwards (everything else is the router's own).
-GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
+# How long an abandoned call may take to abort its request after the disconnect, before it is
+# cancelled outright.
+DISCONNECT_GRACE_S = 5.0
+
 
 
 def frontend_args(spec: EngineSpec, engine_kwargs: dict[str, Any]) -> argparse.Namespace:
@@ -227,9 +230,12 @@ async def call_asgi(
         await task  # an exception the app did not turn into a response surfaces here
     finally:
         if not task.done():
+            # Tell the app its client left and let it wind down: vLLM's handlers run the
+            # request in a task of their own that only a disconnect aborts (`with_cancellation`),
+            # so cancelling the app call alone would leave the request running in the engine.
             disconnected.set()
-            task.cancel()
-            try:
+            await asyncio.wait({task}, timeout=DISCONNECT_GRACE_S)
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(BaseException):
                 await task
-            except BaseException:  # noqa: BLE001 - the call is being abandoned
-                pass

@@ -219,16 +219,17 @@ def test_prompt_longer_than_context_is_400(client):
     long_prompt = list(range(10, 500)) * 5  # 2450 token ids > 2048
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=4)
-    body = _assert_error(exc.value, 400, "prompt", "context_length_exceeded")
+    body = _assert_error(exc.value, 400, "input_tokens", 400)  # vLLM's server's answer
     assert "maximum context length is 2048" in body["message"]
 
 
-def test_prompt_plus_max_tokens_over_context_is_400(client):
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2048
-        )
-    _assert_error(exc.value, 400, "messages", "context_length_exceeded")
+def test_max_tokens_past_the_context_is_capped_to_what_fits_as_vllm_does(client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2048,
+        temperature=0, extra_body={"ignore_eos": True},
+    )
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == 2048
+    assert r.choices[0].finish_reason == "length"
 
 
 def test_malformed_json_is_400(deployment):
@@ -252,17 +253,12 @@ def test_body_over_limit_is_413(deployment, client):
     _assert_error(exc.value, 413, None, "request_too_large")
 
 
-def test_unknown_parameter_is_400(client):
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.completions.create(model=MODEL, prompt="hi", extra_body={"bogus": 1})
-    body = _assert_error(exc.value, 400, "bogus")
-    assert "Unrecognized request argument" in body["message"]
-
-
-def test_unsupported_parameter_is_400_not_ignored(client):
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, best_of=2)
-    _assert_error(exc.value, 400, "best_of", "unsupported_parameter")
+def test_unknown_parameter_is_ignored_as_vllm_ignores_it(client):
+    # vLLM's server answers a request with a field it does not know (and logs the field);
+    # tests/e2e/test_vllm_compat.py compares every known one with a plain vLLM server
+    r = client.completions.create(model=MODEL, prompt="hi", max_tokens=2,
+                                  extra_body={"bogus": 1})
+    assert r.usage.completion_tokens == 2
 
 
 def test_unknown_route_is_openai_404(deployment):

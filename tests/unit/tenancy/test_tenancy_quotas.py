@@ -174,3 +174,19 @@ def test_bucket_ignores_a_clock_that_goes_backwards() -> None:
     bucket.give(0, now=50.0)
     assert bucket.wait_s(1, now=101.0) == pytest.approx(0.0)
     assert bucket.level == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("limits", "prompt", "room", "choices", "allowance"), [
+    (QuotaLimits(), 300, 1748, 1, 1748),  # no limit: what the context leaves
+    (QuotaLimits(max_tokens_per_request=4096), 300, 1748, 1, 1748),  # the context ends first
+    (QuotaLimits(max_tokens_per_request=1000), 300, 1748, 1, 700),  # the per-request cap does
+    (QuotaLimits(tokens_per_minute=500), 300, 1748, 1, 200),  # a minute's tokens do
+    (QuotaLimits(max_tokens_per_request=1000), 300, 1748, 2, 350),  # shared by the choices
+    (QuotaLimits(max_tokens_per_request=200), 300, 1748, 1, 1),  # the prompt alone is over
+])
+def test_output_allowance_is_what_the_tenant_can_be_charged_for(
+    limits, prompt, room, choices, allowance
+):
+    from splitserve.router.tenancy.quotas import output_allowance
+
+    assert output_allowance(limits, prompt, room, choices) == allowance
