@@ -25,6 +25,7 @@ class Task:
     name: str  # the thread's name (comm)
     cores: str  # the cores it may run on (Cpus_allowed_list)
     cpu_s: float  # user + system seconds
+    ppid: str = ""  # the parent process's id (of the process, for a thread too)
 
 
 def _title(proc: str) -> str | None:
@@ -46,7 +47,7 @@ def _task(pid: str, title: str, path: str) -> Task | None:
     fields = rest.split()
     return Task(
         pid=pid, title=title, tid=path.rsplit("/", 1)[1], name=head.split(" (", 1)[1],
-        cores=cores, cpu_s=(int(fields[11]) + int(fields[12])) / HZ,
+        cores=cores, cpu_s=(int(fields[11]) + int(fields[12])) / HZ, ppid=fields[1],
     )
 
 

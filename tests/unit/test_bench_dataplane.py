@@ -1,0 +1,260 @@
+"""scripts/bench_dataplane.py's pure parts: arguments, the servers' settings, ratios and goals,
+the tables, and CPU per process role from /proc snapshots. No server or engine is started."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from splitserve.config import load_config
+from splitserve.engine.args import STRUCTURED_OUTPUTS
+
+from tests.scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("bench_dataplane")
+
+
+def result(throughput: float, tpot: float, tokens: int = 20480) -> dict:
+    """The fields of vLLM's client result that the script reads."""
+    return {"output_throughput": throughput, "median_tpot_ms": tpot, "median_ttft_ms": 50.0,
+            "completed": 160, "failed": 0, "total_output_tokens": tokens, "duration": 10.0}
+
+
+# --- arguments -------------------------------------------------------------------------------
+
+
+def test_defaults_are_issue_26s_workload_and_quick_a_smoke_test(bench):
+    args = bench.parse_args([])
+    assert (args.num_prompts, args.input_len, args.output_len) == (160, 256, 128)
+    assert args.max_concurrency == 32 and args.servers == list(bench.SERVERS)
+    assert args.out == "bench-results/dataplane"
+    quick = bench.parse_args(["--quick"])
+    assert (quick.num_prompts, quick.input_len, quick.output_len) == (16, 64, 16)
+    assert bench.parse_args(["--quick", "--num-prompts", "4"]).num_prompts == 4
+    assert bench.parse_args(["--num-prompts", "320"]).num_prompts == 320
+
+
+def test_unknown_server_or_a_colocated_disagg_config_is_a_usage_error(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--servers", "plain,ray"])
+    assert "unknown servers ['ray']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--disagg-config", "colocated"])
+    assert "not one of bench_disagg's disaggregated configs" in capsys.readouterr().err
+    assert bench.parse_args(["--disagg-config", "conditional"]).disagg_config == "conditional"
+
+
+def test_set_and_env_pairs_parse_as_in_bench_disagg(bench):
+    args = bench.parse_args(["--set", "router.streaming.max_tokens_per_chunk=1",
+                             "--env", "SPLITSERVE_MQ_WAIT_MS=2"])
+    assert args.set == {"router.streaming.max_tokens_per_chunk": 1}
+    assert args.env == {"SPLITSERVE_MQ_WAIT_MS": "2"}
+
+
+def test_client_arguments_parse_with_vllms_own_parser(bench):
+    args = bench.parse_args(["--seed", "7"])
+    argv = bench.client_argv(args, "http://127.0.0.1:9", "/models/tiny", "/tmp/out")
+    parsed = bench.client_args(argv)  # vLLM's add_cli_args: a wrong flag fails here
+    assert (parsed.backend, parsed.endpoint) == ("openai-chat", "/v1/chat/completions")
+    assert parsed.base_url == "http://127.0.0.1:9"
+    assert (parsed.model, parsed.tokenizer) == ("splitserve-tiny", "/models/tiny")
+    assert parsed.dataset_name == "random"
+    assert (parsed.random_input_len, parsed.random_output_len) == (256, 128)
+    assert parsed.ignore_eos and parsed.disable_tqdm
+    assert (parsed.num_prompts, parsed.max_concurrency, parsed.seed) == (160, 32, 7)
+    assert parsed.num_warmups == 0
+    assert parsed.request_rate == float("inf")  # closed loop: concurrency bounds it
+    assert (parsed.save_result, parsed.result_dir, parsed.result_filename) == (
+        True, "/tmp/out", "bench.json")
+    quick = bench.client_args(bench.client_argv(bench.parse_args(["--quick"]), "u", "m"))
+    assert (quick.num_prompts, quick.random_input_len, quick.random_output_len) == (16, 64, 16)
+    assert not quick.save_result
+
+
+# --- the servers -----------------------------------------------------------------------------
+
+
+def test_plain_server_has_a_splitserve_engines_settings(bench):
+    cmd = bench.plain_server_command("/models/tiny", 8123, python="py")
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+
+    def flag(name):
+        return cmd[cmd.index(name) + 1]
+
+    assert flag("--model") == "/models/tiny"
+    assert flag("--served-model-name") == "splitserve-tiny"
+    assert (flag("--dtype"), flag("--max-model-len"), flag("--max-num-seqs")) == (
+        "float32", "2048", "128")
+    assert "--enforce-eager" in cmd and flag("--seed") == "0"
+    assert json.loads(flag("--structured-outputs-config")) == STRUCTURED_OUTPUTS
+    assert flag("--port") == "8123"
+    assert bench.PLAIN_ENV == {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_splitserve_servers_are_valid_configs_with_one_engine_per_core(bench):
+    colo = load_config(None).with_overrides(**bench.splitserve_overrides("colocated"))
+    assert colo.mode == "colocated"
+    assert (colo.pools.decode.replicas, colo.pools.decode.max_num_seqs) == (1, 128)
+    disagg = load_config(None).with_overrides(
+        **bench.splitserve_overrides("disaggregated", "disagg", {"slo.tpot_ms": 50}))
+    assert disagg.mode == "disaggregated"
+    assert (disagg.pools.prefill.replicas, disagg.pools.decode.replicas) == (1, 1)
+    assert (disagg.pools.prefill.max_num_seqs, disagg.pools.decode.max_num_seqs) == (128, 128)
+    assert disagg.disaggregation.min_remote_prompt_tokens == 0  # bench_disagg's `disagg`
+    assert disagg.slo.tpot_ms == 50
+    with pytest.raises(ValueError):
+        bench.splitserve_overrides("plain")
+
+
+# --- figures and tables ----------------------------------------------------------------------
+
+
+def rows(bench):
+    return bench.with_ratios([
+        bench.summarize("plain", result(3200.0, 9.0)),
+        bench.summarize("colocated", result(1600.0, 18.0)),
+        bench.summarize("disaggregated", result(2000.0, 20.0)),
+    ])
+
+
+def test_ratios_against_plain_vllm_and_per_engine(bench):
+    plain, colo, disagg = rows(bench)
+    assert plain["throughput_ratio"] == 1.0 and plain["tpot_ratio"] == 1.0
+    assert colo["throughput_ratio"] == 0.5 and colo["tpot_ratio"] == 2.0
+    assert disagg["engines"] == 2 and disagg["output_throughput_per_engine"] == 1000.0
+    assert colo["output_throughput_per_engine"] == 1600.0
+
+
+def test_without_a_plain_figure_there_are_no_ratios(bench):
+    got = bench.with_ratios([
+        {"server": "plain", "label": "p", "error": "RuntimeError('exited')"},
+        bench.summarize("colocated", result(1600.0, 18.0)),
+    ])
+    assert got[1]["throughput_ratio"] is None and got[1]["tpot_ratio"] is None
+    table = bench.format_throughput(got)
+    assert "| p | error |" in table
+    assert "| 1,600 | - | 1,600 | 18.0 ms | - | 160 / 0 |" in table
+
+
+def test_throughput_table(bench):
+    lines = bench.format_throughput(rows(bench)).splitlines()
+    assert lines[0] == ("| server | output tok/s | vs plain vLLM | tok/s per engine | TPOT p50 "
+                        "| TPOT vs plain | completed / failed |")
+    assert lines[1] == "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    assert lines[2] == ("| plain vLLM OpenAI server, engine on 1 core | 3,200 | 1.00 | 3,200 "
+                        "| 9.0 ms | 1.00 | 160 / 0 |")
+    assert lines[3].startswith("| splitserve colocated, 1 engine on 1 core | 1,600 | 0.50 |")
+    assert lines[4].startswith("| splitserve disaggregated, 1P + 1D on 2 cores | 2,000 | 0.62 "
+                               "| 1,000 | 20.0 ms | 2.22 |")
+
+
+def test_goals(bench):
+    met = [m for _, m in bench.goals(rows(bench))]
+    assert met == [False, False, False]
+    good = bench.with_ratios([
+        bench.summarize("plain", result(3200.0, 9.0)),
+        bench.summarize("colocated", result(3000.0, 10.0)),
+        bench.summarize("disaggregated", result(6400.0, 10.0)),
+    ])
+    assert [m for _, m in bench.goals(good)] == [True, True, True]
+    only_colo = bench.with_ratios([bench.summarize("colocated", result(3000.0, 10.0))])
+    assert [m for _, m in bench.goals(only_colo)] == [None, None, None]
+    text = bench.format_goals(bench.goals(good))
+    assert "[met] colocated output tok/s >= 0.9x plain vLLM's (got 0.94x)" in text
+    assert "[met] disaggregated tok/s per engine >= colocated's (3,200 vs 3,000)" in text
+
+
+# --- CPU per process -------------------------------------------------------------------------
+
+# pid -> (title, ppid, CPU seconds): this process (100) started Ray (raylet 101), whose workers
+# are the replicas; the decode replica's EngineCore forked its worker. 900 is someone else's.
+BEFORE = {
+    "100": ("python", "1", 10.0),
+    "101": ("/venv/ray/raylet", "100", 1.0),
+    "102": ("ray::ServeReplica:splitserve:router", "101", 2.0),
+    "103": ("ray::ProxyActor", "101", 3.0),
+    "104": ("ray::ServeReplica:splitserve:decode.generate", "101", 4.0),
+    "105": ("VLLM::EngineCore", "104", 5.0),
+    "106": ("VLLM::Worker", "105", 6.0),
+    "107": ("ray::ServeController", "101", 1.0),
+    "900": ("python -m pytest", "1", 50.0),
+}
+AFTER = {
+    "100": ("python", "1", 12.0),
+    "101": ("/venv/ray/raylet", "100", 1.5),
+    "102": ("ray::ServeReplica:splitserve:router.__call__", "101", 6.0),
+    "103": ("ray::ProxyActor", "101", 5.0),
+    "104": ("ray::ServeReplica:splitserve:decode", "101", 7.0),
+    "105": ("VLLM::EngineCore", "104", 9.0),
+    "106": ("VLLM::Worker", "105", 16.0),
+    "107": ("ray::ServeController", "101", 1.25),
+    "108": ("ray::ServeReplica:splitserve:prefill", "101", 1.0),  # started within the window
+    "900": ("python -m pytest", "1", 58.0),
+}
+
+
+def test_process_roles(bench):
+    role = {pid: bench.process_role(pid, AFTER, "100") for pid in AFTER}
+    assert role == {
+        "100": "client (this process)", "101": "other", "102": "router replica",
+        "103": "Serve proxy", "104": "engine replica (decode)", "105": "EngineCore (decode)",
+        "106": "Worker (decode)", "107": "Ray ServeController",
+        "108": "engine replica (prefill)", "900": "other",
+    }
+    plain = {"200": ("python", "100", 0.0), "201": ("VLLM::EngineCore", "200", 0.0)}
+    assert bench.process_role("200", {**AFTER, **plain}, "100", "200") == "vLLM server process"
+    assert bench.process_role("201", {**AFTER, **plain}, "100", "200") == "EngineCore"
+
+
+def test_cpu_by_role_charges_only_our_processes(bench):
+    roles, others = bench.cpu_by_role(BEFORE, AFTER, "100")
+    assert others == 8.0  # pid 900: not started by us
+    assert {k: v["cpu_s"] for k, v in roles.items()} == {
+        "client (this process)": 2.0, "other": 0.5, "router replica": 4.0, "Serve proxy": 2.0,
+        "engine replica (decode)": 3.0, "EngineCore (decode)": 4.0, "Worker (decode)": 10.0,
+        "Ray ServeController": 0.25, "engine replica (prefill)": 1.0,
+    }
+    rows = bench.cpu_rows(roles, output_tokens=1000, wall_s=10.0)
+    assert rows[0] == {"role": "Worker (decode)", "cpu_s": 10.0, "pids": [106], "cores": 1.0,
+                       "cpu_ms_per_token": 10.0}
+    total = rows[-1]
+    assert total["role"] == "server total" and total["cpu_s"] == 24.75  # the client left out
+    assert total["cpu_ms_per_token"] == pytest.approx(24.75)
+    assert 100 not in total["pids"]
+    table = bench.format_cpu([{"server": "colocated", "cpu": {
+        "wall_s": 10.0, "other_cpu_s": others, "roles": rows}}])
+    assert "| colocated | router replica | 4.0 | 0.40 | 4.000 |" in table
+    assert "| colocated | server total | 24.8 | 2.48 | 24.750 |" in table
+    assert "| colocated | (other load on the machine, not charged) | 8.0 | 0.80 | - |" in table
+
+
+def test_descendants(bench):
+    assert bench.descendants(AFTER, "101") == {"101", "102", "103", "104", "105", "106", "107",
+                                               "108"}
+    assert bench.descendants(AFTER, "900") == {"900"}
+
+
+def test_cpu_window_snapshots_around_the_clients_run_and_restores_it(bench, monkeypatch):
+    from vllm.benchmarks import serve as vllm_serve
+
+    calls = []
+
+    async def fake_benchmark(**kw):
+        calls.append(kw)
+        return {"done": True}
+
+    monkeypatch.setattr(vllm_serve, "benchmark", fake_benchmark)
+    snaps = iter([{"1": ("a", "0", 1.0)}, {"1": ("a", "0", 2.0)}])
+    monkeypatch.setattr(bench, "snapshot", lambda: next(snaps))
+    record = {}
+    with bench.cpu_window(record):
+        assert asyncio.run(vllm_serve.benchmark(x=1)) == {"done": True}
+    assert vllm_serve.benchmark is fake_benchmark
+    assert calls == [{"x": 1}]
+    assert record["before"] == {"1": ("a", "0", 1.0)}
+    assert record["after"] == {"1": ("a", "0", 2.0)}
+    assert record["wall_s"] >= 0
