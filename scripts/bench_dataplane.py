@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -529,7 +530,8 @@ def run_all(args: argparse.Namespace, model_dir: str, out: Path,
                 result = run_plain(args, model_dir, out / server)
             else:
                 result = run_splitserve(args, server, model_dir, out / server)
-        except Exception as err:  # noqa: BLE001 - recorded; the next server still runs
+        # recorded; the next server still runs (`wait_healthy` fails with pytest's exception)
+        except (Exception, pytest.fail.Exception) as err:  # noqa: BLE001
             print(f"[{server}] failed: {err!r}", flush=True)
             result = {"server": server, "label": LABELS[server], "error": repr(err)}
         results.append(result)

@@ -258,3 +258,22 @@ def test_cpu_window_snapshots_around_the_clients_run_and_restores_it(bench, monk
     assert record["before"] == {"1": ("a", "0", 1.0)}
     assert record["after"] == {"1": ("a", "0", 2.0)}
     assert record["wall_s"] >= 0
+
+
+def test_a_server_that_fails_is_recorded_and_the_next_still_runs(bench, monkeypatch, tmp_path):
+    def plain(args, model_dir, out):
+        raise RuntimeError("the plain vLLM server exited (1) while starting")
+
+    def splitserve(args, server, model_dir, out):
+        if server == "colocated":
+            pytest.fail("deployment not healthy after 300s")  # as tests.conftest.wait_healthy
+        return {"server": server, "out": out}
+
+    monkeypatch.setattr(bench, "run_plain", plain)
+    monkeypatch.setattr(bench, "run_splitserve", splitserve)
+    seen = []
+    got = bench.run_all(bench.parse_args([]), "/m", tmp_path, lambda res: seen.append(len(res)))
+    assert [r["server"] for r in got] == ["plain", "colocated", "disaggregated"]
+    assert "exited (1)" in got[0]["error"] and "not healthy" in got[1]["error"]
+    assert got[2] == {"server": "disaggregated", "out": tmp_path / "disaggregated"}
+    assert seen == [1, 2, 3]  # results written after each server
