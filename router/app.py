@@ -33,10 +33,9 @@ from splitserve.engine.messages import GenerateChunk, GenerateRequest, HTTPCall,
 from splitserve.router import forward
 from splitserve.router.adapters import AdapterRegistry
 from splitserve.router.catalog import ModelCatalog
-from splitserve.router.choices import choice_requests, merge_choices
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
-from splitserve.router.errors import APIError, model_not_found, too_large, unavailable
+from splitserve.router.errors import APIError, model_not_found, sse, too_large, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.pool_metrics import PoolStateCollector
 from splitserve.router.lora_admin import LoadAdapter, load_adapter, unload_adapter
@@ -49,7 +48,6 @@ from splitserve.router.model_routes import (
 from splitserve.router.prompts import PromptBuilder
 from splitserve.router.readiness import decide, log, pool_name
 from splitserve.router.request_log import RequestObserver, trace_id_of
-from splitserve.router.responses import sse
 from splitserve.router.signals import ControllerLink, SignalRecorder
 from splitserve.router.tenancy import Tenancy, Tenant
 from splitserve.router.tenancy.admin import AdminAuth
@@ -463,14 +461,8 @@ class Router:
             async with self.tenancy.request(
                 tenant, prompt_tokens=prompt, max_tokens=limit
             ) as usage:
-                if gen_req.http is not None:  # vLLM's server samples the n choices itself
-                    chunks = dispatcher.stream(gen_req, tenant, trace_context)
-                else:
-                    chunks = merge_choices([
-                        dispatcher.stream(r, tenant, trace_context)
-                        for r in choice_requests(gen_req, n)
-                    ])
-                async for chunk in chunks:
+                # one engine request: vLLM's server samples the n choices itself
+                async for chunk in dispatcher.stream(gen_req, tenant, trace_context):
                     usage.add_output(len(chunk.token_ids))
                     yield chunk
         finally:

@@ -37,7 +37,6 @@ from splitserve.router.pace import PaceMeter
 from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
 from splitserve.router.retry import (
     classify,
-    continuation,
     failed_replica,
     migrate_decode,
     rejection,
@@ -249,14 +248,15 @@ class Dispatcher:
     async def _migrating(
         self, pool: str, req: GenerateRequest, parent: Context | None, start: float
     ) -> AsyncIterator[GenerateChunk]:
-        """`req`'s chunks from `pool`; when the replica fails mid-stream, the rest comes from a
-        continuation on a decode replica (`router.decode_migrations` times at most), so that the
-        client sees one stream without a repeated or missing token."""
-        n_prompt = len(req.prompt_token_ids)
-        attempt: GenerateRequest | None = req
-        streamed: list[int] = []
+        """`req`'s chunks from `pool`. When the replica fails before any of its response went
+        out, the whole request goes to a decode replica (`router.decode_migrations` times at
+        most, avoiding the replicas that failed). Once some of it went out, the failure ends
+        the response: vLLM's server held its state (grammar, seed, stop strings, the text so
+        far), so a continuation elsewhere could not be exact, and the client gets an error
+        event rather than a stream that looks whole but is not."""
+        attempt = req
         migrations, replica, relayed = 0, "", False
-        while attempt is not None:
+        while True:
             hop = self.tracing.start(DECODE, parent)
             if migrations and hop.is_recording():
                 hop.set_attribute(MIGRATION, migrations)
@@ -264,37 +264,26 @@ class Dispatcher:
                 async with aclosing(self._hop(pool, attempt, hop, start)) as chunks:
                     async for chunk in chunks:
                         replica = chunk.replica or replica
-                        streamed.extend(chunk.token_ids)
-                        relayed = relayed or bool(chunk.data)
-                        yield chunk if attempt is req else _as_original(chunk, n_prompt)
+                        relayed = relayed or bool(chunk.data or chunk.token_ids)
+                        yield chunk
                 return
             except APIError:
                 raise
             except Exception as err:  # worker crashed, engine error, replica gone
                 kind = classify(err)
-                # A forwarded call whose response has begun cannot be continued exactly
-                # elsewhere (vLLM's server renders it: its constraint state, seed and stop
-                # strings are there): the stream ends with an error event instead.
                 if relayed or not migrate_decode(kind=kind, migrations=migrations,
                                                  max_migrations=self.decode_migrations):
                     raise _worker_error(req.request_id, err) from err
                 migrations += 1
                 failed = failed_replica(err) or replica
                 self.metrics.decode_migrations.labels(reason=kind).inc()
-                log.warning("generation of %s on %s failed after %d tokens (%s: %s); continuing "
-                            "on a decode replica", req.request_id, pool, len(streamed), kind, err)
-                pool = "decode"  # a continuation prefills its prompt there, like a colocated run
-                avoid = attempt.avoid_replicas + ((failed,) if failed else ())
-                if req.http is not None:  # nothing relayed yet: the whole call again
-                    attempt = dataclasses.replace(
-                        req, request_id=f"{req.request_id}-m{migrations}",
-                        kv_transfer_params=None, avoid_replicas=avoid,
-                    )
-                    continue
-                attempt = continuation(req, streamed, migration=migrations, avoid=avoid)
-        # every token was out before the failure: only the ending was lost
-        yield GenerateChunk((), "", finish_reason="length", num_prompt_tokens=n_prompt,
-                            replica=replica)
+                log.warning("generation of %s on %s failed before its response began (%s: %s); "
+                            "sending it whole to a decode replica", req.request_id, pool, kind, err)
+                pool = "decode"  # it prefills its prompt there, like a colocated run
+                attempt = dataclasses.replace(
+                    req, request_id=f"{req.request_id}-m{migrations}", kv_transfer_params=None,
+                    avoid_replicas=attempt.avoid_replicas + ((failed,) if failed else ()),
+                )
 
     async def _hop(
         self, pool: str, req: GenerateRequest, hop: Span, start: float
@@ -419,7 +408,6 @@ class Dispatcher:
         prefill_req = dataclasses.replace(
             req,
             request_id=f"{req.request_id}-prefill{suffix}",
-            sampling=req.sampling.for_prefill(),
             kv_transfer_params=prefill_request_params(),
             avoid_replicas=avoid,
         )
@@ -440,15 +428,6 @@ class Dispatcher:
             gen.cancel()  # timed out or cancelled: the prefill engine aborts and frees its blocks
             raise
         return KVHandoff.from_params(params)
-
-
-def _as_original(chunk: GenerateChunk, n_prompt: int) -> GenerateChunk:
-    """A continuation's chunk as the client's request sees it: the streamed tokens that the
-    continuation took as prompt are not prompt tokens of the request."""
-    return dataclasses.replace(
-        chunk, num_prompt_tokens=n_prompt,
-        num_cached_tokens=min(chunk.num_cached_tokens, n_prompt),
-    )
 
 
 def _worker_error(request_id: str, err: Exception) -> APIError:

@@ -103,3 +103,11 @@ def unavailable(message: str, retry_after_s: int = 1) -> APIError:
         type="service_unavailable",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event (`data: ...`), e.g. an error event that ends a begun stream."""
+    import json
+
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

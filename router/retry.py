@@ -5,21 +5,17 @@ within `disaggregation.prefill_timeout_s`, each retry steered away from the repl
 then the decode worker prefills locally. The client never sees a prefill failure, only a later
 first token.
 
-Decode: when a decode replica fails mid-stream, the request migrates (up to
-`router.decode_migrations` times) to another decode replica as a continuation: the prompt plus
-the tokens already streamed, for the tokens still owed. The client's stream goes on without a
-repeated or missing token; for greedy decoding without presence/frequency penalties the output is
-the one an undisturbed run gives (penalties count only a request's own output tokens, and the
-streamed ones are prompt tokens in the continuation).
+Decode: when a decode replica fails before any of the response went out, the whole request
+goes to another decode replica (up to `router.decode_migrations` times). Once some of it went
+out, the response ends with an error: vLLM's server held its state, so a continuation elsewhere
+could not be exact (`router/dispatch.py` `_migrating`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import Literal
 
-from splitserve.engine.messages import GenerateRequest, RequestRejected
+from splitserve.engine.messages import RequestRejected
 
 from splitserve.kv_transfer.handoff import HandoffError
 
@@ -89,26 +85,3 @@ def migrate_decode(*, kind: FailureKind, migrations: int, max_migrations: int) -
     return kind not in ("overload", "rejected") and migrations < max_migrations
 
 
-def continuation(
-    req: GenerateRequest, streamed: Sequence[int], *, migration: int, avoid: tuple[str, ...]
-) -> GenerateRequest | None:
-    """The request that finishes `req` after `streamed` output tokens reached the client, or None
-    when nothing is owed any more (the failure came after the last token).
-
-    The continuation prefills on the decode worker (no KV handoff: the prefill's blocks belong to
-    the failed attempt), has a request id of its own, and avoids the replicas that failed.
-    """
-    owed = req.sampling.max_tokens - len(streamed)
-    if owed <= 0:
-        return None
-    sampling = dataclasses.replace(
-        req.sampling, max_tokens=owed, min_tokens=max(req.sampling.min_tokens - len(streamed), 0)
-    )
-    return dataclasses.replace(
-        req,
-        request_id=f"{req.request_id}-m{migration}",
-        prompt_token_ids=(*req.prompt_token_ids, *streamed),
-        sampling=sampling,
-        kv_transfer_params=None,
-        avoid_replicas=avoid,
-    )

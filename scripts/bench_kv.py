@@ -48,7 +48,8 @@ from splitserve.kv_transfer.handoff import KVHandoff, prefill_request_params  # 
 from splitserve.bench.client import Target, make_client, send_one  # noqa: E402
 from splitserve.bench.report import write_json  # noqa: E402
 from splitserve.bench.workload import DEFAULT_TOKEN_RANGE, BenchRequest  # noqa: E402
-from splitserve.engine.messages import GenerateRequest, Sampling  # noqa: E402
+from splitserve.engine.messages import GenerateRequest  # noqa: E402
+from splitserve.router.forward import engine_request  # noqa: E402
 from tests.conftest import running_deployment, test_config  # noqa: E402
 
 MODEL = "splitserve-tiny"
@@ -136,24 +137,21 @@ async def routed(client, target: Target, decode, ids: tuple[int, ...], max_token
 
 async def handles(prefill, decode, ids: tuple[int, ...], max_tokens: int, i: int) -> dict:
     """The router's dispatch steps through the Serve handles, each hop timed."""
-    sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    req = GenerateRequest(f"bench-kv-{i}", ids, sampling)
+    req = GenerateRequest.completion(f"bench-kv-{i}", ids, max_tokens, ignore_eos=True)
     before = await decode.stats.remote()
     t0 = time.perf_counter()
     pre = dataclasses.replace(
-        req, request_id=f"{req.request_id}-prefill",
-        sampling=dataclasses.replace(sampling, max_tokens=1),
-        kv_transfer_params=prefill_request_params(),
+        req, request_id=f"{req.request_id}-prefill", kv_transfer_params=prefill_request_params(),
     )
     params, prefill_cached = None, 0
-    async for chunk in prefill.options(stream=True).generate.remote(pre):
+    async for chunk in prefill.options(stream=True).generate.remote(engine_request(pre)):
         params = chunk.kv_transfer_params or params
         prefill_cached = max(prefill_cached, chunk.num_cached_tokens)
     t1 = time.perf_counter()
     handoff = KVHandoff.from_params(params)
     dec = dataclasses.replace(req, kv_transfer_params=handoff.decode_request_params())
     first, tokens, chunk_bytes, received = None, 0, 0, 0
-    async for chunk in decode.options(stream=True).generate.remote(dec):
+    async for chunk in decode.options(stream=True).generate.remote(engine_request(dec)):
         if chunk.token_ids and first is None:
             first = time.perf_counter()
         tokens += len(chunk.token_ids)

@@ -187,18 +187,14 @@ def direct_greedy(
 
     from ray import serve
 
-    from splitserve.engine.messages import GenerateRequest, Sampling
+    from splitserve.engine.messages import GenerateRequest
 
     async def run() -> list[int]:
         handle = serve.get_deployment_handle(deployment, app_name="splitserve")
         if fresh_cache:
             await handle.reset_prefix_cache.remote()
-        req = GenerateRequest(
-            request_id=f"direct-{uuid.uuid4().hex}",
-            prompt_token_ids=tuple(prompt_ids),
-            sampling=Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos),
-            lora=lora,
-        )
+        req = GenerateRequest.completion(f"direct-{uuid.uuid4().hex}", prompt_ids, max_tokens,
+                                         lora=lora, ignore_eos=ignore_eos)
         out: list[int] = []
         async for chunk in handle.options(stream=True).generate.remote(req):
             out.extend(chunk.token_ids)

@@ -17,13 +17,9 @@ MODEL = "splitserve-tiny"
 
 async def direct_latency(handle: Any, ids: Sequence[int], *, tag: str, max_tokens: int = 1) -> float:
     """Seconds for one greedy request through a pool's Serve handle (no proxy, no router)."""
-    from splitserve.engine.messages import GenerateRequest, Sampling
+    from splitserve.engine.messages import GenerateRequest
 
-    req = GenerateRequest(
-        request_id=f"bench-direct-{tag}",
-        prompt_token_ids=tuple(ids),
-        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
-    )
+    req = GenerateRequest.completion(f"bench-direct-{tag}", ids, max_tokens)
     t = time.perf_counter()
     async for _ in handle.options(stream=True).generate.remote(req):
         pass

@@ -30,8 +30,6 @@ from splitserve.engine.messages import (
     LoraOp,
     LoraRef,
     RequestRejected,
-    Sampling,
-    TokenLogprob,
     WorkerError,
     kv_recompute_reason,
 )
@@ -55,58 +53,6 @@ def _replica_name() -> tuple[str, str | None]:
     return holder, (f"{rt.namespace}/{actor}" if actor else None)
 
 
-def to_sampling_params(s: Sampling):  # -> vllm.SamplingParams
-    """Map our validated sampling onto vLLM's, streaming deltas."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-    structured = None
-    if s.structured is not None:
-        c = s.structured
-        structured = StructuredOutputsParams(
-            json=c.json,
-            json_object=c.json_object or None,
-            regex=c.regex,
-            choice=list(c.choice) if c.choice is not None else None,
-            grammar=c.grammar,
-        )
-    return SamplingParams(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        seed=s.seed,
-        stop=list(s.stop) or None,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        min_tokens=s.min_tokens,
-        ignore_eos=s.ignore_eos,
-        logprobs=s.logprobs,
-        logit_bias=dict(s.logit_bias) or None,
-        structured_outputs=structured,
-        output_kind=RequestOutputKind.DELTA,
-    )
-
-
-def token_logprobs(token_ids, logprobs, top: int) -> tuple[TokenLogprob, ...]:
-    """Our per-token logprobs from vLLM's (one {token id: Logprob} mapping per new token, with
-    the sampled token and the `top` most likely ones, ranked from 1)."""
-    out = []
-    for token_id, candidates in zip(token_ids, logprobs, strict=True):
-        chosen = candidates[token_id]
-        ranked = sorted(
-            (lp for lp in candidates.values() if lp.rank is not None and lp.rank <= top),
-            key=lambda lp: lp.rank,
-        )
-        out.append(TokenLogprob(
-            token_id=token_id,
-            token=chosen.decoded_token or "",
-            logprob=float(chosen.logprob),
-            top=tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked[:top]),
-        ))
-    return tuple(out)
-
-
 def kv_block_bytes(vllm_config) -> int:
     """Bytes of one KV block over all layers and KV heads (what NIXL moves per block)."""
     import torch
@@ -126,14 +72,6 @@ def kv_capacity_tokens(vllm_config) -> int:
     started; on the CPU VLLM_CPU_KVCACHE_SPACE / bytes per block) x tokens per block."""
     cache = vllm_config.cache_config
     return int(cache.num_gpu_blocks or 0) * int(cache.block_size or 0)
-
-
-def first_token_latency(out) -> float | None:
-    """vLLM's first-token latency of a `RequestOutput` (seconds from the request's arrival in
-    the engine to its first token's output), or None when the engine keeps no request stats."""
-    stats = getattr(out, "metrics", None)
-    latency = getattr(stats, "first_token_latency", 0.0) if stats is not None else 0.0
-    return float(latency) if latency and latency > 0 else None
 
 
 def _rejected(replica: str, status: int, body: bytes) -> WorkerError:
@@ -313,80 +251,28 @@ class EngineHost:
                 self._stats.pop_request_transfer(rid)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """Run one request to completion, yielding a chunk per engine step.
+        """Run one forwarded request (`req.http`) through vLLM's server to its end: yields the
+        response's start, its body parts with the output tokens made meanwhile, and last a
+        chunk with the request's figures (`_generate_http`).
 
-        Cancelling the consumer aborts the request in the engine (vLLM frees its blocks). A
-        handoff past its fetch deadline is recomputed instead of pulled. An engine failure is
-        raised as `WorkerError` naming this replica, so that the router can retry elsewhere.
+        Cancelling the consumer tells vLLM's server its client left: vLLM aborts the request
+        and frees its blocks. A handoff past its fetch deadline is recomputed instead of pulled.
+        vLLM's 4xx is raised as `RequestRejected` with its body; an engine failure as
+        `WorkerError` naming this replica, so that the router can retry elsewhere.
         """
-        from vllm.inputs import TokensPrompt
-
+        if req.http is None:
+            raise RequestRejected(self.replica_id, "not a forwarded call (GenerateRequest.http)")
         try:
             if self.spec.faults.active:
                 await self._inject_faults(req)
-            if req.http is not None:
-                async for chunk in self._generate_http(req):
-                    yield chunk
-                return
-            kv_params, expired = engine_kv_params(req.kv_transfer_params, time.time())
-            if expired:
-                self._stats.kv_handoffs_expired += 1
-                log.warning("%s: handoff of %s expired; recomputing", self._holder, req.request_id)
-            if kv_params is not None and self.spec.faults.active:
-                kv_params = self._faulty_kv_params(req, kv_params)
-            params = to_sampling_params(req.sampling)
-            if req.stream_interval > 1:
-                params.stream_interval = req.stream_interval
-            if kv_params is not None:
-                params.extra_args = {"kv_transfer_params": kv_params}
-            prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids))
-            if req.cache_salt:
-                prompt["cache_salt"] = req.cache_salt
-            pulled = _remote_blocks(kv_params) * self.kv_block_bytes
-            lora = self._lora_request(req.lora)
-            first_out = True
-            async for out in self.engine.generate(
-                prompt, params, request_id=req.request_id, lora_request=lora
-            ):
-                comp = out.outputs[0]
-                logprobs = None
-                if req.sampling.logprobs is not None and comp.logprobs:
-                    logprobs = token_logprobs(comp.token_ids, comp.logprobs, req.sampling.logprobs)
-                done = out.finished
-                measured = self._stats.pop_request_transfer(req.request_id) if done else None
-                recomputed = self._recomputed(req, expired, measured) if done else None
-                engine_ttft = None
-                if first_out and comp.token_ids:
-                    first_out = False
-                    engine_ttft = first_token_latency(out)
-                yield GenerateChunk(
-                    token_ids=tuple(comp.token_ids),
-                    text=comp.text,
-                    finish_reason=comp.finish_reason if done else None,
-                    num_prompt_tokens=len(out.prompt_token_ids or ()),
-                    num_cached_tokens=out.num_cached_tokens or 0,
-                    replica=self._holder,
-                    kv_bytes=(measured.bytes if measured else pulled) if done else 0,
-                    kv_transfer_s=measured.seconds if measured and measured.transfers else None,
-                    kv_recomputed=recomputed,
-                    kv_transfer_params=out.kv_transfer_params if done else None,
-                    logprobs=logprobs,
-                    engine_ttft_s=engine_ttft,
-                )
-            if lora is not None:  # the engine may have loaded it just now
+            async for chunk in self._generate_http(req):
+                yield chunk
+            if req.lora is not None:  # the engine may have loaded it just now
                 self._loaded_loras = sorted(await self.engine.list_loras())
         except RequestRejected:
             raise
         except Exception as err:  # noqa: BLE001 - cancellation (BaseException) passes through
-            from vllm.exceptions import VLLMClientError
-
-            if isinstance(err, VLLMClientError):
-                raise RequestRejected(
-                    self.replica_id, str(err), getattr(err, "parameter", None)
-                ) from None
             raise WorkerError(self.replica_id, f"{type(err).__name__}: {err}") from None
-        finally:  # an aborted or failed request's measurement is of no use to anyone
-            self._stats.pop_request_transfer(req.request_id)
 
     def _recomputed(
         self, req: GenerateRequest, expired: bool, measured: RequestTransfer | None

@@ -6,54 +6,17 @@ process boundaries through Ray's serializer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass(frozen=True)
-class StructuredOutput:
-    """A constraint every output token must keep (exactly one field set), enforced by the engine
-    that samples the tokens: the decode engine, which samples the first token too (a remote
-    prefill's own token is discarded).
-
-    `json`: a JSON schema (serialized); `json_object`: any JSON object; `regex`, `choice`
-    (one of these strings), `grammar` (EBNF or Lark, vLLM's grammar syntax).
-    """
-
-    json: str | None = None
-    json_object: bool = False
-    regex: str | None = None
-    choice: tuple[str, ...] | None = None
-    grammar: str | None = None
-
-
-@dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters the router validated; the worker maps them onto vLLM's.
-
-    `logprobs`: return the sampled token's log-probability and this many top alternatives per
-    token (None: no logprobs). `logit_bias`: (token id, bias) pairs added to the logits.
-    """
+    """What the router plans for a request's output: its budget in tokens (the client's
+    `max_tokens`, or what the context or the tenant's limits leave). The engine's vLLM server
+    samples with the request's own parameters."""
 
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    structured: StructuredOutput | None = None
-
-    def for_prefill(self) -> Sampling:
-        """The remote prefill step's sampling: one token, which the router discards (the decode
-        engine recomputes the last prompt position and samples every output token itself), so
-        no output constraint and no logprobs are asked of the prefill engine."""
-        return replace(self, max_tokens=1, min_tokens=0, logprobs=None, structured=None)
 
 
 @dataclass(frozen=True)
@@ -100,13 +63,10 @@ class HTTPCall:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One request as a worker sees it.
-
-    With `http` set, the engine replica runs it through vLLM's own OpenAI server and the chunks
-    carry that server's response bytes (`GenerateChunk.data`); `prompt_token_ids` are then the
-    router's own count of the prompt (policy, routing, faults) and `sampling.max_tokens` its
-    output budget. Without `http`, the request is already tokenized and checked, and the
-    worker samples it with `sampling`.
+    """One request as a worker sees it: `http`, the call to the engine replica's vLLM server
+    (`engine/vllm_server.py`), whose chunks carry that server's response bytes
+    (`GenerateChunk.data`), and what the router planned around it: `prompt_token_ids`, its own
+    count of the prompt (policy, routing, faults), and `sampling.max_tokens`, the output budget.
     """
 
     request_id: str
@@ -124,16 +84,19 @@ class GenerateRequest:
     # sequences or prompts: vLLM's server hands off one prompt's KV per request)
     disaggregable: bool = True
 
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One output token's log-probability and its top alternatives ((token, logprob) pairs,
-    most likely first); `token` is the token's text as the tokenizer decodes it alone."""
-
-    token_id: int
-    token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    @classmethod
+    def completion(
+        cls, request_id: str, prompt_token_ids: tuple[int, ...] | list[int], max_tokens: int,
+        *, lora: LoraRef | None = None, **params: Any,
+    ) -> GenerateRequest:
+        """A completions request on token ids for a pool's handle directly, bypassing the router
+        (references in tests, benchmarks): greedy unless `params` say otherwise."""
+        body: dict[str, Any] = {"prompt": list(prompt_token_ids), "max_tokens": max_tokens,
+                                "temperature": 0.0, "request_id": request_id, **params}
+        if lora is not None:
+            body["model"] = lora.name
+        return cls(request_id, tuple(prompt_token_ids), Sampling(max_tokens), lora=lora,
+                   http=HTTPCall("POST", "/v1/completions", json=body))
 
 
 # Why a decode engine recomputed a handoff's prompt instead of pulling its KV
@@ -152,10 +115,13 @@ def kv_recompute_reason(*, expired: bool, load_failed: bool) -> str | None:
 
 @dataclass(frozen=True)
 class GenerateChunk:
-    """What a worker yields per engine step: the new tokens and text since the last chunk.
+    """What a worker yields: the response bytes vLLM's server wrote since the last chunk
+    (`data`; the first chunk has the response's `status` and `headers`), and the output token
+    ids the engine produced meanwhile (`text` is unused: the text is in `data`).
 
-    `finish_reason` is set on the last chunk only ("stop" or "length"); `num_cached_tokens` is
-    the number of prompt tokens served from the prefix cache (or received over KV transfer).
+    `finish_reason` is set on the last chunk only, which carries the request's figures;
+    `num_cached_tokens` is the number of prompt tokens served from the prefix cache (or
+    received over KV transfer).
     """
 
     token_ids: tuple[int, ...]
@@ -173,8 +139,6 @@ class GenerateChunk:
     # Last chunk: why the handoff's KV was recomputed instead of pulled (`KV_TRANSFER_ERROR`,
     # `KV_EXPIRED`); None when it was pulled, or without a handoff.
     kv_recomputed: str | None = None
-    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id (when asked for)
-    index: int = 0  # the choice this chunk belongs to (requests with n > 1)
     # First chunk with tokens: the engine's own time to first token (vLLM's first-token latency:
     # from the request's arrival in the engine to its first token's output); None otherwise.
     engine_ttft_s: float | None = None

@@ -85,7 +85,9 @@ CURRENT_TAP: contextvars.ContextVar[RequestTap | None] = contextvars.ContextVar(
 )
 
 
-def _first_token_latency(out: Any) -> float | None:
+def first_token_latency(out: Any) -> float | None:
+    """vLLM's first-token latency of a `RequestOutput` (seconds from the request's arrival in
+    the engine to its first token's output), or None when the engine keeps no request stats."""
     stats = getattr(out, "metrics", None)
     latency = getattr(stats, "first_token_latency", 0.0) if stats is not None else 0.0
     return float(latency) if latency and latency > 0 else None
@@ -133,7 +135,7 @@ class TappedEngine:
                     tap.finish_reason = comp.finish_reason
             if first and any(c.token_ids for c in out.outputs):
                 first = False
-                tap.engine_ttft_s = _first_token_latency(out)
+                tap.engine_ttft_s = first_token_latency(out)
             tap.num_prompt_tokens = len(out.prompt_token_ids or ())
             tap.num_cached_tokens = out.num_cached_tokens or 0
             if out.finished and out.kv_transfer_params:

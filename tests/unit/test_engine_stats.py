@@ -62,7 +62,7 @@ def test_first_token_latency_is_read_from_vllms_request_stats():
 
     from vllm.v1.metrics.stats import RequestStateStats
 
-    from splitserve.engine.host import first_token_latency
+    from splitserve.engine.vllm_server import first_token_latency
 
     stats = RequestStateStats(arrival_time=100.0)
     assert first_token_latency(SimpleNamespace(metrics=stats)) is None  # no first token yet

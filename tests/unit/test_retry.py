@@ -165,7 +165,7 @@ def test_first_try_succeeds_without_retry():
     handoff = asyncio.run(d._prefill(REQ))
     assert handoff.engine_id == "prefill-x"
     assert [r.request_id for r in pool.requests] == ["cmpl-1-prefill"]
-    assert pool.requests[0].sampling.max_tokens == 1
+    assert pool.requests[0].kv_transfer_params == {"do_remote_decode": True}  # keep the KV
     assert _count(m, "splitserve_prefill_retries_total") == 0
 
 
