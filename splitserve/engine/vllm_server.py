@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable
@@ -180,7 +181,8 @@ async def call_asgi(
     Closing the iterator early tells the app the client disconnected (vLLM then aborts the
     request in the engine) and cancels it.
     """
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    pending: collections.deque[dict[str, Any]] = collections.deque()
+    arrived = asyncio.Event()
     disconnected = asyncio.Event()
     sent_body = False
 
@@ -193,7 +195,14 @@ async def call_asgi(
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
-        await queue.put(message)
+        pending.append(message)
+        arrived.set()
+
+    async def take() -> dict[str, Any]:
+        while not pending:
+            arrived.clear()
+            await arrived.wait()
+        return pending.popleft()
 
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
@@ -208,12 +217,12 @@ async def call_asgi(
         try:
             await app(scope, receive, send)
         finally:
-            await queue.put({"type": done})
+            await send({"type": done})
 
     task = asyncio.create_task(run())
     try:
         while True:
-            message = await queue.get()
+            message = await take()
             kind = message["type"]
             if kind is done:
                 break
@@ -224,10 +233,17 @@ async def call_asgi(
                           for k, v in message.get("headers", ())),
                 )
             elif kind == "http.response.body":
-                data = message.get("body", b"")
+                # Body parts that are already waiting go out as one: under load a stream's
+                # events coalesce (one message to the router instead of several), idle ones
+                # still go at once.
+                data, more = bytearray(message.get("body", b"")), message.get("more_body", False)
+                while more and pending and pending[0]["type"] == kind:
+                    message = pending.popleft()
+                    data.extend(message.get("body", b""))
+                    more = message.get("more_body", False)
                 if data:
-                    yield data
-                if not message.get("more_body", False):
+                    yield bytes(data)
+                if not more:
                     break
         await task  # an exception the app did not turn into a response surfaces here
     finally:

@@ -146,3 +146,20 @@ def test_pin_vllms_app_builders_and_adapter_registry():
     assert callable(make_arg_parser)
     # the host registers adapters by name, with splitserve's ids, in this dict
     assert "self.lora_requests: dict[str, LoRARequest]" in inspect.getsource(OpenAIServingModels)
+
+
+def test_body_parts_waiting_together_go_out_as_one():
+    async def burst(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(5):
+            await send({"type": "http.response.body", "body": b"%d," % i, "more_body": True})
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+
+    async def run():
+        parts = vs.call_asgi(burst, "POST", "/", (), b"")
+        start = await anext(parts)
+        await asyncio.sleep(0.05)  # a slow consumer: every part is waiting by now
+        return start, [p async for p in parts]
+
+    start, body = asyncio.run(run())
+    assert start.status == 200 and body == [b"0,1,2,3,4,end"]
