@@ -185,7 +185,7 @@ def plain_vllm_server() -> typing.Iterator[str]:
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", build_tiny_model(), "--served-model-name", MODEL,
+           "--model", str(build_tiny_model()), "--served-model-name", MODEL,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
            "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS)]
@@ -281,7 +281,7 @@ def _bench(base: str) -> dict[str, dict[str, Any]]:
         add_cli_args(parser)
         args = parser.parse_args([
             "--backend", backend, "--base-url", base, "--endpoint", endpoint,
-            "--model", MODEL, "--tokenizer", build_tiny_model(),
+            "--model", MODEL, "--tokenizer", str(build_tiny_model()),
             "--dataset-name", "random", "--random-input-len", "200", "--random-output-len", "12",
             "--num-prompts", "24", "--max-concurrency", "8", "--seed", "1",
             "--disable-tqdm", "--ignore-eos",
