@@ -147,8 +147,11 @@ class EngineHost:
         from vllm.config import StructuredOutputsConfig
 
         kwargs = engine_kwargs(self.spec, model_path)
+        # the engine and vLLM's server share one structured-output config: the reasoning parser
+        # tells both where a reasoning model's answer (and its output constraint) begins
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(
+            **STRUCTURED_OUTPUTS, reasoning_parser=self.spec.reasoning_parser or "")
         self._frontend_args = vllm_server.frontend_args(self.spec, kwargs)
-        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**STRUCTURED_OUTPUTS)
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s,

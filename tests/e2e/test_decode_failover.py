@@ -97,19 +97,9 @@ def test_killing_a_decode_replica_mid_stream_changes_no_token(deployment):
             return got, err
         return got, None
 
-    async def main():
-        async with openai.AsyncOpenAI(
-            base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=DEADLINE_S
-        ) as client:
-            tasks = [asyncio.create_task(one(client, ids)) for ids in prompts]
-            while received[0] < STREAMS * MAX_TOKENS // 4:
-                assert not any(t.done() and t.exception() for t in tasks)
-                await asyncio.sleep(0.05)
-            ray.kill(ray.get_actor(victims[0], namespace="serve"), no_restart=True)
-            at_kill = received[0]
-            return await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S), at_kill
-
-    outputs, at_kill = asyncio.run(main())
+    outputs, at_kill = asyncio.run(_kill_during(
+        deployment, victims[0], [lambda c, ids=ids: one(c, ids) for ids in prompts],
+        lambda: received[0] >= STREAMS * MAX_TOKENS // 4, lambda: received[0]))
     assert at_kill < sum(map(len, reference))  # the kill came while streams were running
     completed = [i for i, (got, err) in enumerate(outputs) if err is None]
     wrong = [i for i in completed if outputs[i][0] != reference[i]]
@@ -147,22 +137,29 @@ def test_json_streams_on_a_killed_replica_parse_or_end_with_an_error(deployment)
             return text, err
         return text, None
 
-    async def main():
-        async with openai.AsyncOpenAI(
-            base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=DEADLINE_S
-        ) as client:
-            tasks = [asyncio.create_task(one(client, i)) for i in range(SCHEMA_STREAMS)]
-            while received[0] < SCHEMA_STREAMS * 2 and not all(t.done() for t in tasks):
-                await asyncio.sleep(0.02)
-            ray.kill(ray.get_actor(victims[0], namespace="serve"), no_restart=True)
-            return await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S)
-
-    outputs = asyncio.run(main())
+    outputs, _ = asyncio.run(_kill_during(
+        deployment, victims[0], [lambda c, i=i: one(c, i) for i in range(SCHEMA_STREAMS)],
+        lambda: received[0] >= SCHEMA_STREAMS * 2, lambda: received[0]))
     ended_ok = [text for text, err in outputs if err is None]
     for text in ended_ok:  # none ends "successfully" with invalid JSON
         validate(json.loads(text), SCHEMA)
     assert len(outputs) == SCHEMA_STREAMS
     _replaced_and_idle(deployment, victims[0])
+
+
+async def _kill_during(deployment: str, victim: str, streams, started, progress):
+    """Run the `streams` (each `client -> coroutine`), kill `victim` once `started()` (or once
+    every stream is done), and return (their results, `progress()` at the kill)."""
+    async with openai.AsyncOpenAI(
+        base_url=f"{deployment}/v1", api_key="x", max_retries=0, timeout=DEADLINE_S
+    ) as client:
+        tasks = [asyncio.create_task(stream(client)) for stream in streams]
+        while not started() and not all(t.done() for t in tasks):
+            assert not any(t.done() and t.exception() for t in tasks)
+            await asyncio.sleep(0.02)
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        at_kill = progress()
+        return await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S), at_kill
 
 
 def _replaced_and_idle(deployment: str, victim: str) -> None:

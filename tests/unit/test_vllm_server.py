@@ -163,3 +163,42 @@ def test_body_parts_waiting_together_go_out_as_one():
 
     start, body = asyncio.run(run())
     assert start.status == 200 and body == [b"0,1,2,3,4,end"]
+
+
+def test_the_models_parsers_and_template_become_vllms_server_options():
+    from splitserve.engine.args import EngineSpec
+
+    spec = EngineSpec(
+        role="decode", model=None, served_name="m", max_model_len=4096, dtype="float32", seed=0,
+        device="cpu", tensor_parallel_size=1, pipeline_parallel_size=1, max_num_seqs=8,
+        kv_cache_gib=1, gpu_memory_utilization=0.9, tool_call_parser="hermes",
+        reasoning_parser="qwen3", chat_template="{{ messages }}",
+    )
+    args = vs.frontend_args(spec, {"model": "/models/m", "max_model_len": 4096})
+    assert (args.tool_call_parser, args.enable_auto_tool_choice) == ("hermes", True)
+    assert args.reasoning_parser == "qwen3" and args.chat_template == "{{ messages }}"
+    assert args.served_model_name == ["m"] and args.max_model_len == 4096
+    plain = vs.frontend_args(EngineSpec(**{**spec.__dict__, "tool_call_parser": None,
+                                           "reasoning_parser": None, "chat_template": None}),
+                             {"model": "/models/m"})
+    assert (plain.tool_call_parser, plain.enable_auto_tool_choice) == (None, False)
+
+
+def test_the_reasoning_parser_reaches_the_servers_structured_output_config():
+    # vLLM's server reads the reasoning parser from the structured-output config (init_app_state)
+    from vllm.config import StructuredOutputsConfig
+
+    from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec
+
+    spec = EngineSpec(
+        role="decode", model=None, served_name="m", max_model_len=4096, dtype="float32", seed=0,
+        device="cpu", tensor_parallel_size=1, pipeline_parallel_size=1, max_num_seqs=8,
+        kv_cache_gib=1, gpu_memory_utilization=0.9, reasoning_parser="qwen3",
+    )
+    config = StructuredOutputsConfig(**STRUCTURED_OUTPUTS, reasoning_parser="qwen3")
+    args = vs.frontend_args(spec, {"model": "/m", "structured_outputs_config": config})
+    assert args.structured_outputs_config.reasoning_parser == "qwen3"
+    import inspect
+
+    from vllm.entrypoints.launchers.api_server import app_state
+    assert "args.structured_outputs_config.reasoning_parser" in inspect.getsource(app_state)
