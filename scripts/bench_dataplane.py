@@ -405,9 +405,9 @@ def format_cpu(results: list[dict[str, Any]]) -> str:
                 continue
             cores = "-" if r["cores"] is None else f"{r['cores']:.2f}"
             per = "-" if r["cpu_ms_per_token"] is None else f"{r['cpu_ms_per_token']:.3f}"
-            lines.append([res["server"], r["role"], f"{r['cpu_s']:.1f}", cores, per])
+            lines.append([res["server"], r["role"], f"{r['cpu_s']:.2f}", cores, per])
         lines.append([res["server"], "(other load on the machine, not charged)",
-                      f"{cpu['other_cpu_s']:.1f}",
+                      f"{cpu['other_cpu_s']:.2f}",
                       f"{cpu['other_cpu_s'] / cpu['wall_s']:.2f}" if cpu["wall_s"] else "-", "-"])
     return markdown_table(header, lines, right={2, 3, 4})
 

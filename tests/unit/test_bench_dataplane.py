@@ -227,9 +227,9 @@ def test_cpu_by_role_charges_only_our_processes(bench):
     assert 100 not in total["pids"]
     table = bench.format_cpu([{"server": "colocated", "cpu": {
         "wall_s": 10.0, "other_cpu_s": others, "roles": rows}}])
-    assert "| colocated | router replica | 4.0 | 0.40 | 4.000 |" in table
-    assert "| colocated | server total | 24.8 | 2.48 | 24.750 |" in table
-    assert "| colocated | (other load on the machine, not charged) | 8.0 | 0.80 | - |" in table
+    assert "| colocated | router replica | 4.00 | 0.40 | 4.000 |" in table
+    assert "| colocated | server total | 24.75 | 2.48 | 24.750 |" in table
+    assert "| colocated | (other load on the machine, not charged) | 8.00 | 0.80 | - |" in table
 
 
 def test_descendants(bench):
