@@ -24,7 +24,8 @@ _NO_CLIENT_SALT = b"\x00"  # marks "none sent", which no length-prefixed string 
 
 
 def _field(value: str) -> bytes:
-    raw = value.encode()
+    # surrogatepass: any string a JSON body can carry (a lone surrogate too) has bytes
+    raw = value.encode("utf-8", "surrogatepass")
     return b"\x01" + len(raw).to_bytes(8, "big") + raw
 
 

@@ -10,6 +10,7 @@ returns the cores, so no `EngineCore` process outlives its replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -206,33 +207,42 @@ class EngineHost:
             return params
 
         tap = vllm_server.RequestTap(stream_interval=req.stream_interval, kv_params=kv_params)
-        token = vllm_server.CURRENT_TAP.set(tap)
         status: int | None = None
-        first_out, error = True, bytearray()
+        first_out, error = [True], bytearray()
         call = req.http
-        try:
-            parts = vllm_server.call_asgi(
-                app, call.method, call.path, call.headers, call.encoded(), call.query
+
+        def progress(data: bytes = b"") -> GenerateChunk:
+            """The tokens made since the last chunk (with vLLM's first-token latency on the
+            first), and the response bytes written meanwhile."""
+            engine_ttft = None
+            if first_out[0] and tap.engine_ttft_s is not None:
+                first_out[0], engine_ttft = False, tap.engine_ttft_s
+            return GenerateChunk(
+                tap.take_tokens(), "", data=data, replica=self._holder,
+                num_prompt_tokens=tap.num_prompt_tokens,
+                num_cached_tokens=tap.num_cached_tokens, engine_ttft_s=engine_ttft,
             )
-            async for part in parts:
-                if isinstance(part, vllm_server.HTTPResponseStart):
-                    status = part.status
-                    if status >= 400:
+
+        try:
+            parts = vllm_server.tapped_call(
+                app, call.method, call.path, call.headers, call.encoded(), call.query, tap
+            )
+            async with contextlib.aclosing(parts):
+                async for part in parts:
+                    if part is None:  # tokens before a response that is not streamed began
+                        yield progress()
                         continue
-                    yield GenerateChunk((), "", status=status, headers=part.headers,
-                                        replica=self._holder)
-                    continue
-                if status is not None and status >= 400:
-                    error.extend(part)
-                    continue
-                engine_ttft = None
-                if first_out and tap.engine_ttft_s is not None:
-                    first_out, engine_ttft = False, tap.engine_ttft_s
-                yield GenerateChunk(
-                    tap.take_tokens(), "", data=part, replica=self._holder,
-                    num_prompt_tokens=tap.num_prompt_tokens,
-                    num_cached_tokens=tap.num_cached_tokens, engine_ttft_s=engine_ttft,
-                )
+                    if isinstance(part, vllm_server.HTTPResponseStart):
+                        status = part.status
+                        if status >= 400:
+                            continue
+                        yield GenerateChunk((), "", status=status, headers=part.headers,
+                                            replica=self._holder)
+                        continue
+                    if status is not None and status >= 400:
+                        error.extend(part)
+                        continue
+                    yield progress(part)
             if status is not None and status >= 400:
                 raise _rejected(self.replica_id, status, bytes(error))
             measured = None
@@ -249,7 +259,6 @@ class EngineHost:
                 kv_recomputed=recomputed, kv_transfer_params=tap.kv_transfer_params,
             )
         finally:
-            vllm_server.CURRENT_TAP.reset(token)
             for rid in tap.request_ids:
                 self._stats.pop_request_transfer(rid)
 

@@ -52,6 +52,9 @@ def frontend_args(spec: EngineSpec, engine_kwargs: dict[str, Any]) -> argparse.N
         setattr(args, key, value)
     args.served_model_name = [spec.served_name]
     args.disable_log_requests = True
+    # usage.prompt_tokens_details.cached_tokens: the prefix-cache (or KV transfer) hits that
+    # tenants and routing tests read (vLLM's --enable-prompt-tokens-details)
+    args.enable_prompt_tokens_details = True
     return args
 
 
@@ -74,6 +77,7 @@ class RequestTap:
     engine_ttft_s: float | None = None
     kv_transfer_params: dict[str, Any] | None = None
     remote_kv: dict[str, Any] | None = None  # the KV params the engine ran with
+    on_output: Callable[[], None] | None = None  # called after each engine output
 
     def take_tokens(self) -> tuple[int, ...]:
         """The output token ids since the last call."""
@@ -141,6 +145,8 @@ class TappedEngine:
             tap.num_cached_tokens = out.num_cached_tokens or 0
             if out.finished and out.kv_transfer_params:
                 tap.kv_transfer_params = out.kv_transfer_params
+            if tap.on_output is not None:
+                tap.on_output()
             yield out
 
 
@@ -255,5 +261,67 @@ async def call_asgi(
             await asyncio.wait({task}, timeout=DISCONNECT_GRACE_S)
             if not task.done():
                 task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+_END = object()
+
+
+async def tapped_call(
+    app: Any, method: str, path: str, headers: tuple[tuple[str, str], ...], body: bytes,
+    query: str, tap: RequestTap,
+) -> AsyncIterator[HTTPResponseStart | bytes | None]:
+    """`call_asgi` with `tap` as the call's request tap, and None whenever the engine made
+    output tokens before the response began: a response that is not streamed writes nothing
+    until its end, and the router still needs its progress (first token, pace, load).
+
+    Closing the iterator early closes the call as `call_asgi` does.
+    """
+    events: collections.deque[Any] = collections.deque()
+    arrived = asyncio.Event()
+
+    def push(item: Any) -> None:
+        events.append(item)
+        arrived.set()
+
+    async def pump() -> None:
+        try:
+            async with contextlib.aclosing(
+                call_asgi(app, method, path, headers, body, query)
+            ) as parts:
+                async for part in parts:
+                    push(part)
+            push(_END)
+        except Exception as err:  # noqa: BLE001 - handed to the consumer
+            push(err)
+
+    tap.on_output = lambda: push(None)
+    token = CURRENT_TAP.set(tap)  # the pump task runs in a copy of this context
+    task = asyncio.create_task(pump())
+    CURRENT_TAP.reset(token)
+    started = False
+    try:
+        while True:
+            while not events:
+                arrived.clear()
+                await arrived.wait()
+            item = events.popleft()
+            if item is _END:
+                break
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                while events and events[0] is None:  # one notice for outputs waiting together
+                    events.popleft()
+                if not started and tap.new_tokens:
+                    yield None
+                continue
+            started = started or isinstance(item, HTTPResponseStart)
+            yield item
+    finally:
+        tap.on_output = None
+        if not task.done():
+            task.cancel()
             with contextlib.suppress(BaseException):
                 await task

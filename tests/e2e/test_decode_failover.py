@@ -142,7 +142,8 @@ def test_json_streams_on_a_killed_replica_parse_or_end_with_an_error(deployment)
         lambda: received[0] >= SCHEMA_STREAMS * 2, lambda: received[0]))
     ended_ok = [text for text, err in outputs if err is None]
     for text in ended_ok:  # none ends "successfully" with invalid JSON
-        validate(json.loads(text), SCHEMA)
+        # strict=False: xgrammar's JSON strings may hold raw control characters
+        validate(json.loads(text, strict=False), SCHEMA)
     assert len(outputs) == SCHEMA_STREAMS
     _replaced_and_idle(deployment, victims[0])
 

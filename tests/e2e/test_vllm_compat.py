@@ -181,13 +181,15 @@ def _collect(base: str) -> dict[tuple[str, str], tuple[int, Any]]:
 @contextlib.contextmanager
 def plain_vllm_server() -> typing.Iterator[str]:
     """vLLM's own OpenAI server on the tiny model, as splitserve runs it: float32, one core,
-    the engines' structured-output settings, the tiny model's served name."""
+    the engines' structured-output settings, the tiny model's served name, cached prompt
+    tokens reported in `usage`."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(build_tiny_model()), "--served-model-name", MODEL,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
+           "--enable-prompt-tokens-details",
            "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"

@@ -79,6 +79,7 @@ class _Engine:
     async def generate(self, prompt, params, request_id, **kwargs):
         self.calls.append((params, request_id))
         for i, finished in ((1, False), (2, True)):
+            await asyncio.sleep(0.01)  # an engine step
             yield _Output(
                 outputs=[SimpleNamespace(token_ids=[i], finish_reason="length" if finished else None)],
                 finished=finished, prompt_token_ids=[0, 1, 2], num_cached_tokens=2,
@@ -202,3 +203,27 @@ def test_the_reasoning_parser_reaches_the_servers_structured_output_config():
 
     from vllm.entrypoints.launchers.api_server import app_state
     assert "args.structured_outputs_config.reasoning_parser" in inspect.getsource(app_state)
+
+
+def test_a_response_that_is_not_streamed_still_reports_its_tokens_as_they_come():
+    """vLLM's server writes a whole response at its end: the tapped call tells the host of each
+    engine output before (None), so the router sees the first token when it is made."""
+    engine = _Engine()
+    client = vs.TappedEngine(engine)
+
+    async def whole(scope, receive, send):  # like vLLM's non-streamed handler
+        params = SimpleNamespace(extra_args=None, stream_interval=1)
+        outs = [o async for o in client.generate("p", params, "cmpl-2")]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"%d" % len(outs)})
+
+    async def run():
+        tap = vs.RequestTap()
+        got = []
+        async for part in vs.tapped_call(whole, "POST", "/", (), b"", "", tap):
+            got.append(tap.take_tokens() if part is None else part)
+        return got
+
+    got = asyncio.run(run())
+    assert got[0] == (1,)  # the first token, before the response began
+    assert isinstance(got[-2], vs.HTTPResponseStart) and got[-1] == b"2"
