@@ -64,8 +64,8 @@ class ModelConfig(_Strict):
         None,
         description="vLLM's tool-call parser of the model family (vLLM's `--tool-call-parser`, "
         "e.g. hermes, llama3_json, mistral, qwen3_coder); it also turns on `tool_choice: auto` "
-        "(`--enable-auto-tool-choice`). None: no automatic tool calls (named and required tool "
-        "calls still work).",
+        "(`--enable-auto-tool-choice`). vLLM 0.32 refuses every tool_choice without one. None: "
+        "the built-in tiny model's `pythonic` when model.path is null, else no tool calls.",
     )
     reasoning_parser: str | None = Field(
         None,

@@ -33,6 +33,10 @@ STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "xgrammar", "disable_any_whites
 # soak's prefill worker grew 1754 -> 2404 MiB, slowing down as the cache filled (BENCHMARKS.md).
 ONEDNN_PRIMITIVE_CACHE_CAPACITY = 0
 
+# vLLM's tool-call parser of the built-in tiny model (model.path null, model.tool_call_parser
+# unset): "pythonic" needs no special token in the vocabulary, which the tiny model lacks.
+TINY_TOOL_CALL_PARSER = "pythonic"
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -120,7 +124,9 @@ def engine_spec(
         max_loras=cfg.lora.max_loras if cfg.lora is not None else 0,
         max_lora_rank=cfg.lora.max_lora_rank if cfg.lora is not None else 16,
         faults=cfg.faults,
-        tool_call_parser=cfg.model.tool_call_parser,
+        # the built-in tiny model's family parser: pythonic tool calls (no special tokens)
+        tool_call_parser=cfg.model.tool_call_parser or (
+            TINY_TOOL_CALL_PARSER if cfg.model.path is None else None),
         reasoning_parser=cfg.model.reasoning_parser,
         chat_template=cfg.model.chat_template,
         scheduling_policy=pool.scheduling_policy,

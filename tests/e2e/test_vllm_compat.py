@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from splitserve.engine.args import STRUCTURED_OUTPUTS
+from splitserve.engine.args import STRUCTURED_OUTPUTS, TINY_TOOL_CALL_PARSER
 from splitserve.models import build_tiny_model
 from tests.conftest import disagg_reasons, free_port, shared_deployment, test_config
 
@@ -181,8 +181,8 @@ def _collect(base: str) -> dict[tuple[str, str], tuple[int, Any]]:
 @contextlib.contextmanager
 def plain_vllm_server() -> typing.Iterator[str]:
     """vLLM's own OpenAI server on the tiny model, as splitserve runs it: float32, one core,
-    the engines' structured-output settings, the tiny model's served name, cached prompt
-    tokens reported in `usage`."""
+    the engines' structured-output settings and tool-call parser, the tiny model's served name,
+    cached prompt tokens reported in `usage`."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -190,6 +190,7 @@ def plain_vllm_server() -> typing.Iterator[str]:
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
            "--enable-prompt-tokens-details",
+           "--tool-call-parser", TINY_TOOL_CALL_PARSER, "--enable-auto-tool-choice",
            "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
