@@ -132,3 +132,22 @@ def test_step_budget_below_the_sequence_slots_is_refused(pool, seqs) -> None:
     with pytest.raises(ConfigError, match=rf"max_num_batched_tokens \({pool['max_num_batched_tokens']}\) "
                        rf"must be at least max_num_seqs \({seqs}\)"):
         parse_config({"pools": {"decode": pool}})
+
+
+def test_the_models_parsers_and_the_pools_scheduling_reach_the_engine() -> None:
+    cfg = parse_config({
+        "model": {"path": "/models/qwen", "tool_call_parser": "hermes",
+                  "reasoning_parser": "qwen3"},
+        "mode": "disaggregated",
+        "pools": {"decode": {"scheduling_policy": "priority"}},
+    })
+    decode, prefill = engine_spec(cfg, "decode", "cuda"), engine_spec(cfg, "prefill", "cuda")
+    assert (decode.tool_call_parser, decode.reasoning_parser) == ("hermes", "qwen3")
+    # `priority` reaches vLLM's scheduler where the pool runs priority scheduling
+    assert engine_kwargs(decode, "/models/qwen")["scheduling_policy"] == "priority"
+    assert engine_kwargs(prefill, "/models/qwen")["scheduling_policy"] == "fcfs"
+
+
+def test_the_tiny_model_gets_its_tool_call_parser_and_a_real_model_none() -> None:
+    assert engine_spec(_cfg(), "decode", "cpu").tool_call_parser == "pythonic"
+    assert engine_spec(_cfg(path="/models/llama"), "decode", "cuda").tool_call_parser is None
