@@ -15,6 +15,7 @@ LLMInferenceService spec, so that spec is a plain mapping inside the typed outer
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -39,6 +40,73 @@ SERVE_COMMAND = (
     f'printf "%s" "${CONFIG_ENV}" > {CONFIG_FILE} && '
     f"exec splitserve serve -c {CONFIG_FILE} --host 0.0.0.0 --port {KSERVE_PORT}"
 )
+
+
+SHM_VOLUME = "dshm"  # emptyDir (medium Memory) at /dev/shm when a pool runs TP > 1 (NCCL)
+HF_TOKEN_ENV = "HF_TOKEN"
+
+
+@dataclass
+class PodOptions:
+    """Pod settings the chart's values give both deploy modes (camelCase Kubernetes dicts).
+
+    `env`, `image_pull_secrets`, `volumes`, `volume_mounts`: as the values `env`,
+    `imagePullSecrets`, `extraVolumes`, `extraVolumeMounts`; `hf_token_secret`: the value
+    `hfTokenSecret` ({name, key}; an `HF_TOKEN` env from that Secret when `name` is set);
+    `shm_size`: `workers.shmSize`; `scheduling`: role -> {nodeSelector, tolerations, affinity}
+    from `workers.<role>` (the single InferenceService pod takes decode's).
+    """
+
+    env: list[dict] = field(default_factory=list)
+    image_pull_secrets: list[dict] = field(default_factory=list)
+    volumes: list[dict] = field(default_factory=list)
+    volume_mounts: list[dict] = field(default_factory=list)
+    hf_token_secret: dict | None = None
+    shm_size: str = "16Gi"
+    scheduling: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def from_values(cls, values: dict) -> PodOptions:
+        workers = values.get("workers") or {}
+        scheduling = {}
+        for role in ("prefill", "decode"):
+            group = workers.get(role) or {}
+            scheduling[role] = {k: group[k] for k in ("nodeSelector", "tolerations", "affinity")
+                                if group.get(k)}
+        return cls(env=list(values.get("env") or []),
+                   image_pull_secrets=list(values.get("imagePullSecrets") or []),
+                   volumes=list(values.get("extraVolumes") or []),
+                   volume_mounts=list(values.get("extraVolumeMounts") or []),
+                   hf_token_secret=values.get("hfTokenSecret") or None,
+                   shm_size=str(workers.get("shmSize", "16Gi")),
+                   scheduling=scheduling)
+
+    def container_env(self) -> list[dict]:
+        env = [dict(e) for e in self.env]
+        secret = self.hf_token_secret or {}
+        if secret.get("name"):
+            env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+                "name": secret["name"], "key": secret.get("key") or "token"}}})
+        return env
+
+    def mounts(self, shm: bool) -> list[dict]:
+        own = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}] if shm else []
+        return own + [dict(m) for m in self.volume_mounts]
+
+    def pod_volumes(self, shm: bool) -> list[dict]:
+        own = ([{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}]
+               if shm else [])
+        return own + [dict(v) for v in self.volumes]
+
+    def pod_fields(self, role: str, shm: bool) -> dict:
+        """imagePullSecrets, scheduling and volumes of a pod spec, empty ones left out."""
+        out: dict[str, Any] = {}
+        if self.image_pull_secrets:
+            out["imagePullSecrets"] = [dict(s) for s in self.image_pull_secrets]
+        out.update(self.scheduling.get(role, {}))
+        if vols := self.pod_volumes(shm):
+            out["volumes"] = vols
+        return out
 
 
 def _serialize(obj: Any) -> dict:
@@ -132,7 +200,8 @@ def serving_runtime(*, name: str, image: str, namespace: str | None = None,
 
 def inference_service(cfg: SplitserveConfig, *, name: str, runtime: str,
                       namespace: str | None = None, cpu: str = "8", memory: str = "64Gi",
-                      labels: dict[str, str] | None = None) -> dict:
+                      labels: dict[str, str] | None = None,
+                      pod: PodOptions | None = None) -> dict:
     """An InferenceService (v1beta1) that runs `cfg` with the `runtime` ServingRuntime.
 
     Raw deployment mode (no Knative scale-to-zero: engines take minutes to load); one replica,
@@ -167,26 +236,41 @@ def inference_service(cfg: SplitserveConfig, *, name: str, runtime: str,
     # The SDK's model spec is a container and defaults its name to "": leave the field out.
     if not out["spec"]["predictor"]["model"].get("name"):
         out["spec"]["predictor"]["model"].pop("name", None)
+    pod = pod or PodOptions()
+    shm = any(p.tensor_parallel_size > 1 for p in cfg.deployed_pools().values())
+    predictor, container = out["spec"]["predictor"], out["spec"]["predictor"]["model"]
+    container["env"] += pod.container_env()
+    if mounts := pod.mounts(shm):
+        container["volumeMounts"] = mounts
+    predictor.update(pod.pod_fields("decode", shm))
     return out
 
 
-def _workload(cfg: SplitserveConfig, pool: PoolConfig, image: str, cpu: str, memory: str) -> dict:
+def _workload(cfg: SplitserveConfig, role: str, image: str, cpu: str, memory: str,
+              pod: PodOptions) -> dict:
     """One LLMInferenceService workload: replicas, parallelism and the vLLM container."""
     from kubernetes.client import V1Container
 
-    main = V1Container(name="main", image=image,
-                       resources=_resources(cfg, pool.ranks, cpu, memory))
+    pool: PoolConfig = getattr(cfg.pools, role)
+    shm = pool.tensor_parallel_size > 1
+    main = _serialize(V1Container(name="main", image=image,
+                                  resources=_resources(cfg, pool.ranks, cpu, memory)))
+    if env := pod.container_env():
+        main["env"] = env
+    if mounts := pod.mounts(shm):
+        main["volumeMounts"] = mounts
     return {
         "replicas": pool.replicas,
         "parallelism": {"tensor": pool.tensor_parallel_size,
                         "pipeline": pool.pipeline_parallel_size},
-        "template": {"containers": [main]},
+        "template": {"containers": [main], **pod.pod_fields(role, shm)},
     }
 
 
 def llm_inference_service(cfg: SplitserveConfig, *, name: str, image: str,
                           namespace: str | None = None, cpu: str = "8", memory: str = "64Gi",
-                          labels: dict[str, str] | None = None) -> dict:
+                          labels: dict[str, str] | None = None,
+                          pod: PodOptions | None = None) -> dict:
     """An LLMInferenceService (v1alpha1) for `cfg`: decode inline, `prefill` when disaggregated.
 
     Raises ValueError when the model has no URI KServe can fetch (the built-in tiny model or a
@@ -202,12 +286,12 @@ def llm_inference_service(cfg: SplitserveConfig, *, name: str, image: str,
         )
     spec: dict[str, Any] = {
         "model": {"uri": uri, "name": cfg.model.name},
-        **_workload(cfg, cfg.pools.decode, image, cpu, memory),
+        **_workload(cfg, "decode", image, cpu, memory, pod or PodOptions()),
         # KServe-managed HTTPRoute, Gateway and llm-d scheduler (prefix- and P/D-aware).
         "router": {"route": {}, "gateway": {}, "scheduler": {}},
     }
     if cfg.mode == "disaggregated":
-        spec["prefill"] = _workload(cfg, cfg.pools.prefill, image, cpu, memory)
+        spec["prefill"] = _workload(cfg, "prefill", image, cpu, memory, pod or PodOptions())
     svc = V1alpha1LLMInferenceService(
         api_version="serving.kserve.io/v1alpha1",
         kind="LLMInferenceService",

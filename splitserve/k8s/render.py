@@ -48,7 +48,8 @@ def dump_manifests(objs: list[dict]) -> str:
 
 def render(cfg: SplitserveConfig, target: RenderTarget, *, name: str = "splitserve",
            image: str = DEFAULT_IMAGE, namespace: str | None = None, cpu: str = "8",
-           memory: str = "64Gi", source: str = "") -> dict[str, str]:
+           memory: str = "64Gi", source: str = "",
+           pod: kserve.PodOptions | None = None) -> dict[str, str]:
     """File name -> content for `target` (`cpu`, `memory`: per KServe pod; `source`: the config
     file's name, noted in the output). Raises RenderError on preflight errors."""
     if target not in RENDER_TARGETS:
@@ -67,13 +68,13 @@ def render(cfg: SplitserveConfig, target: RenderTarget, *, name: str = "splitser
     if target == "kserve":
         runtime = kserve.serving_runtime(name=name, image=image, namespace=namespace)
         isvc = kserve.inference_service(cfg, name=name, runtime=name, namespace=namespace,
-                                        cpu=cpu, memory=memory)
+                                        cpu=cpu, memory=memory, pod=pod)
         return {
             "servingruntime.yaml": dump_manifests([runtime]),
             "inferenceservice.yaml": dump_manifests([isvc]),
         }
     llm = kserve.llm_inference_service(cfg, name=name, image=image, namespace=namespace,
-                                       cpu=cpu, memory=memory)
+                                       cpu=cpu, memory=memory, pod=pod)
     return {"llminferenceservice.yaml": dump_manifests([llm])}
 
 

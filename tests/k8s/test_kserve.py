@@ -90,7 +90,8 @@ def test_chart_kserve_mode_renders_the_same_objects(render_chart, values: str, t
     cfg = effective_config(vals)
     image = f"{vals['image']['repository']}:{vals['image']['tag']}"
     want = docs(render(cfg, target, name="t-splitserve", image=image,
-                       cpu=vals["kserve"]["cpu"], memory=vals["kserve"]["memory"]))
+                       cpu=vals["kserve"]["cpu"], memory=vals["kserve"]["memory"],
+                       pod=kserve.PodOptions.from_values(vals)))
     got = render_chart(path)
     for obj in got:
         obj["metadata"].pop("labels")

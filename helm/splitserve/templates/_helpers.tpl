@@ -190,3 +190,16 @@ Pod-level pieces shared by the head and worker pods.
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/*
+Engine container env (JSON list): values.env, then HF_TOKEN from hfTokenSecret when it names a
+Secret. Both the RayService and the KServe modes use it.
+*/}}
+{{- define "splitserve.env" -}}
+{{- $env := list }}
+{{- range .Values.env }}{{ $env = append $env . }}{{ end }}
+{{- with .Values.hfTokenSecret }}{{ if .name }}
+{{- $env = append $env (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" .name "key" (default "token" .key)))) }}
+{{- end }}{{ end }}
+{{- toJson $env }}
+{{- end }}
