@@ -150,7 +150,9 @@ def _requests() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-VOLATILE = {"id", "created", "system_fingerprint"}
+# Not compared: ids and timestamps, and the cached prompt tokens (a remote prefill's tokens
+# arrive over NIXL, which vLLM counts as cached; a plain server computed or cached them itself).
+VOLATILE = {"id", "created", "system_fingerprint", "prompt_tokens_details"}
 
 
 def _normalized(body: Any) -> Any:
