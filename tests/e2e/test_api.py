@@ -144,7 +144,9 @@ def test_stream_equals_whole_completions(client):
                 usage = chunk.usage
         assert text == whole.choices[0].text
         assert finish == whole.choices[0].finish_reason == "length"
-        assert usage.model_dump() == whole.usage.model_dump()
+        # the same counts (the cached prompt tokens differ: the second run hits the prefix cache)
+        assert usage.model_dump(exclude={"prompt_tokens_details"}) == whole.usage.model_dump(
+            exclude={"prompt_tokens_details"})
 
 
 def test_stream_equals_whole_chat(client):
