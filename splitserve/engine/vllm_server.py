@@ -170,6 +170,32 @@ async def build_app(engine: Any, args: argparse.Namespace):
     return app
 
 
+class _Mailbox:
+    """Items put without waiting (from a sender that must not block) and taken in order,
+    with a look at the next one: the hand-over between an in-process call and its reader."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._arrived = asyncio.Event()
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        self._arrived.set()
+
+    async def take(self) -> Any:
+        while not self._items:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self._items.popleft()
+
+    def take_while(self, pred: Callable[[Any], bool]) -> list[Any]:
+        """The items waiting at the front that satisfy `pred`, taken now."""
+        out = []
+        while self._items and pred(self._items[0]):
+            out.append(self._items.popleft())
+        return out
+
+
 @dataclass(frozen=True)
 class HTTPResponseStart:
     """The status line and headers of a response from vLLM's server."""
@@ -187,8 +213,7 @@ async def call_asgi(
     Closing the iterator early tells the app the client disconnected (vLLM then aborts the
     request in the engine) and cancels it.
     """
-    pending: collections.deque[dict[str, Any]] = collections.deque()
-    arrived = asyncio.Event()
+    box = _Mailbox()
     disconnected = asyncio.Event()
     sent_body = False
 
@@ -201,14 +226,7 @@ async def call_asgi(
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
-        pending.append(message)
-        arrived.set()
-
-    async def take() -> dict[str, Any]:
-        while not pending:
-            arrived.clear()
-            await arrived.wait()
-        return pending.popleft()
+        box.put(message)
 
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
@@ -223,12 +241,12 @@ async def call_asgi(
         try:
             await app(scope, receive, send)
         finally:
-            await send({"type": done})
+            box.put({"type": done})
 
     task = asyncio.create_task(run())
     try:
         while True:
-            message = await take()
+            message = await box.take()
             kind = message["type"]
             if kind is done:
                 break
@@ -243,10 +261,12 @@ async def call_asgi(
                 # events coalesce (one message to the router instead of several), idle ones
                 # still go at once.
                 data, more = bytearray(message.get("body", b"")), message.get("more_body", False)
-                while more and pending and pending[0]["type"] == kind:
-                    message = pending.popleft()
-                    data.extend(message.get("body", b""))
-                    more = message.get("more_body", False)
+                if more:
+                    for message in box.take_while(lambda m: m["type"] == kind):
+                        data.extend(message.get("body", b""))
+                        more = message.get("more_body", False)
+                        if not more:
+                            break
                 if data:
                     yield bytes(data)
                 if not more:
@@ -278,12 +298,8 @@ async def tapped_call(
 
     Closing the iterator early closes the call as `call_asgi` does.
     """
-    events: collections.deque[Any] = collections.deque()
-    arrived = asyncio.Event()
-
-    def push(item: Any) -> None:
-        events.append(item)
-        arrived.set()
+    box = _Mailbox()
+    push = box.put
 
     async def pump() -> None:
         try:
@@ -303,17 +319,13 @@ async def tapped_call(
     started = False
     try:
         while True:
-            while not events:
-                arrived.clear()
-                await arrived.wait()
-            item = events.popleft()
+            item = await box.take()
             if item is _END:
                 break
             if isinstance(item, Exception):
                 raise item
             if item is None:
-                while events and events[0] is None:  # one notice for outputs waiting together
-                    events.popleft()
+                box.take_while(lambda i: i is None)  # one notice for outputs waiting together
                 if not started and tap.new_tokens:
                     yield None
                 continue
