@@ -117,8 +117,11 @@ class Router:
         primary = cfg.model_views()[0]
         self.tenancy = Tenancy.from_config(primary, registry=self.metrics.registry)
         self.admin = AdminAuth.from_config(cfg)
+        port = cfg.observability.router_metrics_port
         self.usage_board = UsagePublisher(
-            self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id
+            self.tenancy.snapshot, serve.get_replica_context().replica_id.unique_id,
+            families=None if port is None else lambda: list(self.metrics.registry.collect()),
+            metrics_at=None if port is None else (port, cfg.router.host),
         )
         self.tracing = Tracing.from_config(cfg.tracing)
         self._setup_models(pools)
@@ -243,7 +246,13 @@ class Router:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        """Prometheus text exposition of this router replica."""
+        """Prometheus text exposition of this router replica; 404 when
+        `observability.router_metrics_port` serves every replica's there instead (per-tenant
+        figures stay off the API port)."""
+        if self.cfg.observability.router_metrics_port is not None:
+            raise APIError(404, "Metrics are not served on the API port: scrape the metrics "
+                           "port of the Ray head (observability.router_metrics_port).",
+                           code="not_found")
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/usage")

@@ -12,6 +12,10 @@ Prometheus counters are). Other replicas' figures are at most about one interval
 
 If the board cannot be reached, the endpoint falls back to this replica's own counters and says
 so (`"scope": "replica"`); it never fails because of the board.
+
+With `observability.router_metrics_port`, replicas also send their Prometheus families, and the
+board serves them all on that port (`router/metrics_export.py`). The board runs on the Ray head
+node, so that port has one fixed place (the head pod's port `router-metrics` in the chart).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import ray
 
+from splitserve.router.metrics_export import MetricsExport
 from splitserve.router.periodic import Periodic
 from splitserve.router.tenancy.report import ReplicaSnapshot
 
@@ -34,6 +39,9 @@ BOARD = "usage_board"  # the deployment-scoped actor's name
 PUBLISH_INTERVAL_S = 1.0
 # The board answers from memory in microseconds; two seconds means it is gone or restarting.
 BOARD_TIMEOUT_S = 2.0
+# Ray's resource that only the head node has: the board (and the metrics port it may serve) is on
+# the head whatever node a router replica runs on.
+HEAD_NODE = {"node:__internal_head__": 0.001}
 
 
 class UsageBoard:
@@ -42,10 +50,20 @@ class UsageBoard:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._latest: dict[str, tuple[dict[str, Any], float]] = {}
+        self.metrics = MetricsExport(clock)
 
-    def publish(self, replica: str, snapshot: dict[str, Any]) -> None:
-        """Replace `replica`'s snapshot (snapshots are cumulative, so the latest is all of it)."""
+    def publish(
+        self, replica: str, snapshot: dict[str, Any], families: list[Any] | None = None
+    ) -> None:
+        """Replace `replica`'s snapshot (snapshots are cumulative, so the latest is all of it)
+        and, when given, its Prometheus families."""
         self._latest[replica] = (snapshot, self._clock())
+        if families is not None:
+            self.metrics.publish(replica, families)
+
+    def serve_metrics(self, port: int, host: str) -> None:
+        """Serve every replica's families on `host:port` (idempotent)."""
+        self.metrics.serve(port, host)
 
     def snapshots(self) -> list[tuple[dict[str, Any], float]]:
         """Every replica's latest snapshot with its age in seconds."""
@@ -61,7 +79,8 @@ def deployment_actor_config() -> Any:
     from ray.serve.config import DeploymentActorConfig
 
     return DeploymentActorConfig(
-        name=BOARD, actor_class=UsageBoardActor, actor_options={"num_cpus": 0}
+        name=BOARD, actor_class=UsageBoardActor,
+        actor_options={"num_cpus": 0, "resources": HEAD_NODE},
     )
 
 
@@ -75,7 +94,9 @@ class UsagePublisher:
     """This replica's side of the board: publishes in the background, collects for a report.
 
     `board`: returns the board's actor handle (looked up again after any failure, since Serve
-    may have restarted the board). Runs on the replica's event loop only.
+    may have restarted the board). `families` and `metrics_at` (port, host): also publish this
+    replica's Prometheus families and have the board serve them there. Runs on the replica's
+    event loop only.
     """
 
     def __init__(
@@ -86,11 +107,16 @@ class UsagePublisher:
         board: Callable[[], Any] = _lookup_board,
         interval_s: float = PUBLISH_INTERVAL_S,
         timeout_s: float = BOARD_TIMEOUT_S,
+        families: Callable[[], list[Any]] | None = None,
+        metrics_at: tuple[int, str] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.replica = replica
+        self.families = families
+        self.metrics_at = metrics_at
         self._lookup = board
         self._board: Any = None
+        self._exporting = False  # the current board serves the metrics port
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.loop = Periodic("usage publish", self.publish, interval_s)
@@ -111,11 +137,17 @@ class UsagePublisher:
             return reply.result()
         except BaseException:
             self._board = None  # a stale handle: look the board up again next time
+            self._exporting = False  # a restarted board serves nothing yet
             raise
 
     async def publish(self) -> None:
-        """Send this replica's snapshot to the board now."""
-        await self._call("publish", self.replica, self.snapshot())
+        """Send this replica's snapshot (and families) to the board now; the first time on a
+        board, ask it to serve the metrics port."""
+        if self.metrics_at is not None and not self._exporting:
+            await self._call("serve_metrics", *self.metrics_at)
+            self._exporting = True
+        families = self.families() if self.families is not None else None
+        await self._call("publish", self.replica, self.snapshot(), families)
 
     async def collect(self) -> tuple[list[ReplicaSnapshot], str]:
         """Every replica's snapshot and the scope: `"cluster"`, or `"replica"` (only this one)

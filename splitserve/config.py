@@ -617,6 +617,13 @@ class ObservabilityConfig(_Strict):
         description="With `autoscaling`: the controller actor serves its Prometheus `/metrics` "
         "(replica counts, scaling decisions) on this port. None: not served.",
     )
+    router_metrics_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Serve the routers' Prometheus `/metrics` (per-tenant usage and refusals) "
+        "on this port of the Ray head node, bound on `router.host`, every router replica's "
+        "samples labelled `router_replica`; the API port's `/metrics` then answers 404. None: "
+        "`/metrics` on the API port, each replica its own (one machine). The Helm chart sets it.",
+    )
     engine_metrics: bool = Field(
         False, description="Engines export vLLM's own metrics (vllm:num_requests_running, "
         "kv_cache_usage_perc, prefix_cache_*, nixl_*) through Ray's metrics agent, like Ray "
