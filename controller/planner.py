@@ -1,10 +1,12 @@
 """Parallelism planner: TP, PP and replicas per pool for a request rate under TTFT/TPOT SLOs.
 
 A DistServe-style search (OSDI '24, Alg. 1): for each pool, enumerate intra-op (TP, inside one
-node) and inter-op (PP, across nodes) parallelism, predict each candidate's goodput per device
-with the roofline cost model of `profiles.ReplicaCost`, and replicate the cheapest candidate to
-the target rate. The first-order check is the capacity formula (memory = weights + concurrency x
-per-request KV); queueing turns per-request latency into a p90.
+node) and inter-op (PP, across nodes; colocated pools only, since vLLM 0.32's NIXL connector
+refuses PP) parallelism, predict each candidate's goodput per device with the roofline cost
+model of `profiles.ReplicaCost`, and replicate the cheapest candidate to the target rate. The
+first-order check is the capacity formula (memory = weights + concurrency x per-request KV);
+queueing turns per-request latency into a p90. A remote prefill's KV handoff is priced over the
+config's `kv_transfer.fabric` (`profiles.kv_fabric_link`).
 
     plan = plan_deployment(shape, acc, workload, slo, mode="disaggregated")
     print(format_plan(plan))
@@ -101,6 +103,7 @@ class PoolPlan:
     utilization: float  # planned busy fraction (prefill) or batch fill (decode)
     capacity: float  # per replica at the SLO: prompt tokens/s (prefill), sequences (decode)
     out_tokens_per_s: float = 0.0  # per replica at `capacity` sequences (decode / colocated)
+    handoff_s: float = 0.0  # predicted KV handoff of one prompt, in ttft_s (prefill)
 
     @property
     def devices(self) -> int:
@@ -153,15 +156,17 @@ def _pow2_upto(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
 
 
-def candidates(shape: ModelShape, cluster: Cluster) -> list[ReplicaCost]:
+def candidates(shape: ModelShape, cluster: Cluster, mode: str) -> list[ReplicaCost]:
     """Every (TP, PP) worth evaluating: TP a power of two dividing the heads, inside one node;
     PP a power of two up to the layer count, with TP x PP inside the replica span (PP 1 where
-    the engine has no PP on that device)."""
+    the engine has no PP on that device, and for the pools of a disaggregated deployment:
+    vLLM 0.32's NIXL connector refuses PP, `kv_transfer.compat.nixl_pp_problems`)."""
     out = []
+    pipeline = cluster.acc.pipeline_parallel and mode == "colocated"
     for tp in _pow2_upto(cluster.acc.devices_per_node):
         if shape.heads % tp:
             continue
-        max_pp = cluster.max_replica_devices // tp if cluster.acc.pipeline_parallel else 1
+        max_pp = cluster.max_replica_devices // tp if pipeline else 1
         for pp in _pow2_upto(min(shape.layers, max_pp)):
             out.append(ReplicaCost(shape, cluster.acc, tp, pp, cluster.memory_utilization,
                                    cluster.kv_cache_bytes))
@@ -189,7 +194,8 @@ def plan_prefill(c: ReplicaCost, w: Workload, ttft_budget_s: float) -> PoolPlan 
     prefill, handoff = c.prefill_s(w.prompt_tokens), c.kv_transfer_s(w.prompt_tokens)
     slack = ttft_budget_s - prefill - handoff
     if slack <= 0:
-        return f"prefill + handoff take {1e3 * (prefill + handoff):.0f} ms > TTFT budget"
+        return (f"prefill + handoff take {1e3 * (prefill + handoff):.0f} ms (handoff "
+                f"{1e3 * handoff:.0f} ms) > TTFT budget")
     service = prefill / c.pp  # a pipelined replica starts a prompt every stage time
     # Largest rho with p90 wait <= slack: P90 * rho * D / (2 (1 - rho)) <= slack.
     rho_max = min(MAX_PREFILL_UTILIZATION, 2 * slack / (P90_WAIT_FACTOR * service + 2 * slack))
@@ -198,7 +204,8 @@ def plan_prefill(c: ReplicaCost, w: Workload, ttft_budget_s: float) -> PoolPlan 
     rho = w.rate * service / replicas
     ttft = prefill + _p90_wait(service, rho) + handoff
     return _pool_plan("prefill", c, replicas, w.prompt_tokens, batch=0.0, ttft_s=ttft,
-                      tpot_s=None, utilization=rho, capacity=per_replica * w.prompt_tokens)
+                      tpot_s=None, utilization=rho, capacity=per_replica * w.prompt_tokens,
+                      handoff_s=handoff)
 
 
 def _max_batch(c: ReplicaCost, w: Workload, limit: int, tpot_s: float) -> int:
@@ -296,19 +303,25 @@ def _best(role: str, results: list[tuple[ReplicaCost, PoolPlan | str]]) -> tuple
     return plans[0], notes
 
 
-def _refuse_if_unfit(shape: ModelShape, cluster: Cluster, tokens: int) -> None:
+def _refuse_if_unfit(shape: ModelShape, cluster: Cluster, tokens: int, mode: str) -> None:
     """PlanError when even the largest replica cannot hold the weights and one request's KV."""
-    biggest = max(candidates(shape, cluster), key=lambda c: (c.devices, c.kv_capacity_tokens))
+    biggest = max(candidates(shape, cluster, mode),
+                  key=lambda c: (c.devices, c.kv_capacity_tokens))
     if biggest.kv_capacity_tokens >= tokens:
         return
     usable = biggest.usable_per_device / 1e9
+    if mode != "colocated" and cluster.acc.pipeline_parallel:
+        span = ("a disaggregated replica is one node: vLLM 0.32's NIXL connector refuses "
+                "pipeline parallelism; colocated mode may span nodes with PP")
+    else:
+        span = f"at most {cluster.nodes or MAX_REPLICA_NODES} node(s) per replica"
     raise PlanError(
         f"{shape.name} does not fit on {cluster.acc.name}: {shape.weight_bytes / 1e9:.1f} GB of "
         f"weights plus KV for one {tokens}-token request need more than the largest replica "
         f"gives: TP {biggest.tp} x PP {biggest.pp} = {biggest.devices} device(s) x {usable:.1f} GB "
         f"usable = {biggest.devices * usable:.1f} GB ({cluster.acc.devices_per_node} device(s) "
-        f"per node, at most {cluster.nodes or MAX_REPLICA_NODES} node(s) per replica). Use a "
-        f"larger accelerator, more devices or nodes, or a quantized model."
+        f"per node, {span}). Use a larger accelerator, more devices or nodes, or a quantized "
+        f"model."
     )
 
 
@@ -319,8 +332,8 @@ def plan_deployment(shape: ModelShape, cluster: Cluster, w: Workload, slo: Slo,
     Raises PlanError when the model does not fit, no parallelism meets the SLO, or the plan
     needs more devices than `cluster.nodes` hold.
     """
-    _refuse_if_unfit(shape, cluster, w.prompt_tokens + w.output_tokens)
-    cands = candidates(shape, cluster)
+    _refuse_if_unfit(shape, cluster, w.prompt_tokens + w.output_tokens, mode)
+    cands = candidates(shape, cluster, mode)
     if mode == "colocated":
         pool, notes = _best("colocated", [(c, plan_colocated(c, w, slo)) for c in cands])
         pools: tuple[PoolPlan, ...] = (pool,)
@@ -346,7 +359,7 @@ def _pool_lines(p: PoolPlan) -> list[str]:
     ]
     if p.role == "prefill":
         lines.append(f"  predicted: p90 TTFT {1e3 * (p.ttft_s or 0):.0f} ms (prefill + queue + "
-                     f"handoff) at utilization {p.utilization:.2f}; capacity "
+                     f"handoff {1e3 * p.handoff_s:.0f} ms) at utilization {p.utilization:.2f}; capacity "
                      f"{p.capacity:,.0f} prompt tokens/s per replica")
     else:
         ttft = f"p90 TTFT {1e3 * p.ttft_s:.0f} ms, " if p.ttft_s is not None else ""
@@ -398,6 +411,9 @@ def config_inputs(cfg, accelerator: str | None = None, *, rate: float = 1.0,
         nodes = nodes or section.nodes
         devices_per_node = devices_per_node or section.devices_per_node
     acc = lookup(accelerator or default_accelerator(cfg)).with_node(devices_per_node)
+    fabric = getattr(cfg, "kv_transfer", None)
+    if fabric is not None:  # the handoff is priced over the configured fabric (TCP unless set)
+        acc = acc.with_kv_fabric(fabric.fabric, fabric.bandwidth_gbps)
     output_tokens = min(output_tokens, cfg.model.max_model_len // 2)
     prompt_tokens = min(prompt_tokens, cfg.model.max_model_len - output_tokens)
     pool = cfg.pools.decode

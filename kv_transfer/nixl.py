@@ -116,16 +116,30 @@ def kv_role(role: str | None) -> str:
         raise ValueError(f"unknown pool {role!r}; expected one of {sorted(KV_ROLES)}") from None
 
 
+# NIXL's transport plugins that splitserve configures (`config.kv_transfer.nixl_backend`): UCX
+# (vLLM's default: InfiniBand, RoCE, TCP, shared memory) and LIBFABRIC (AWS EFA). Both ship in
+# the nixl 1.5.1 wheel (nixl_cu13.libs/nixl/libplugin_UCX.so, libplugin_LIBFABRIC.so); vLLM 0.32
+# reads the choice from `kv_connector_extra_config["backends"]` (nixl/base_worker.py:525,
+# default ["UCX"]).
+NIXL_BACKENDS = ("UCX", "LIBFABRIC")
+
+
 def nixl_transfer_config(
     engine_id: str, device: Literal["cpu", "cuda"], lease_s: int = 30,
-    *, role: str | None = None,
+    *, role: str | None = None, backend: str = "UCX",
 ) -> dict[str, Any]:
     """Keyword arguments of vLLM's `KVTransferConfig` for one engine of pool `role`
     (`kv_producer` for prefill, `kv_consumer` for decode: `kv_role`).
 
     `lease_s`: how long a prefill engine keeps KV blocks that no decode engine has pulled; a
     decode engine holding the request renews the lease by heartbeats until it pulls.
+    `backend`: NIXL's transport plugin (`NIXL_BACKENDS`); UCX is vLLM's default and is left out.
     """
+    if backend not in NIXL_BACKENDS:
+        raise ValueError(f"unknown NIXL backend {backend!r}; expected one of {NIXL_BACKENDS}")
+    extra: dict[str, Any] = {"kv_lease_duration": lease_s}
+    if backend != "UCX":
+        extra["backends"] = [backend]
     return {
         "kv_connector": "NixlConnector",
         "kv_role": kv_role(role),
@@ -133,5 +147,5 @@ def nixl_transfer_config(
         "engine_id": engine_id,
         # A failed or expired pull recomputes the prompt on decode instead of failing the request.
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"kv_lease_duration": lease_s},
+        "kv_connector_extra_config": extra,
     }

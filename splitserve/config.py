@@ -395,6 +395,52 @@ class DisaggregationConfig(_Strict):
     )
 
 
+FabricKind = Literal["tcp", "infiniband", "roce", "efa", "custom"]
+
+
+class KvTransferConfig(_Strict):
+    """The network a KV cache crosses between a prefill pod and a decode pod (NIXL).
+
+    The kind picks NIXL's backend in every engine (LIBFABRIC for `efa`, UCX otherwise), what the
+    Helm chart adds to the engine pods (UCX/libfabric environment, RDMA device resources,
+    IPC_LOCK; the cluster-specific parts are the chart's `kvFabric` values:
+    `splitserve.k8s.fabric`), the preflight's warning about TCP and the handoff cost
+    `splitserve plan` predicts (`splitserve.controller.profiles.kv_fabric_link`). Engines on one
+    machine exchange KV through local memory whatever the kind.
+    """
+
+    fabric: FabricKind = Field(
+        "tcp",
+        description="tcp: the pod network (no RDMA device in the pods; a 5k-token KV of an 8B "
+        "model took 1.8 s over TCP against 3 ms over RDMA, ai-dynamo/dynamo PR 1314). "
+        "infiniband, roce: RDMA through UCX (RoCE: set the chart's kvFabric.gidIndex); efa: AWS "
+        "Elastic Fabric Adapter through NIXL's LIBFABRIC backend; custom: only what the chart's "
+        "kvFabric values give, with bandwidth_gbps.",
+    )
+    bandwidth_gbps: float | None = Field(
+        None, gt=0,
+        description="The fabric's bandwidth for one GPU's KV shard in Gb/s, as the planner "
+        "prices a handoff. None: the kind's nominal figure (docs/kubernetes.md, \"KV fabric\"); "
+        "required with `custom`.",
+    )
+
+    @model_validator(mode="after")
+    def _custom_bandwidth(self) -> KvTransferConfig:
+        if self.fabric == "custom" and self.bandwidth_gbps is None:
+            raise ValueError("kv_transfer: fabric custom needs bandwidth_gbps (Gb/s per GPU)")
+        return self
+
+    @property
+    def nixl_backend(self) -> str:
+        """NIXL's transport backend for this fabric (vLLM's `kv_connector_extra_config.backends`)."""
+        return "LIBFABRIC" if self.fabric == "efa" else "UCX"
+
+    @property
+    def rdma(self) -> bool:
+        """Whether KV between pods moves over RDMA (false: TCP, or `custom`, which says nothing)."""
+        return self.fabric in ("infiniband", "roce", "efa")
+
+
 class SLOConfig(_Strict):
     """Latency targets the controller sizes the pools against."""
 
@@ -654,6 +700,10 @@ class SplitserveConfig(_Strict):
     )
     router: RouterConfig = RouterConfig()
     disaggregation: DisaggregationConfig = DisaggregationConfig()
+    kv_transfer: KvTransferConfig = Field(
+        KvTransferConfig(), description="The network KV caches cross between prefill and "
+        "decode pods (fabric kind and bandwidth).",
+    )
     slo: SLOConfig = SLOConfig()
     tenants: tuple[TenantConfig, ...] = ()
     tenancy: TenancyConfig = TenancyConfig()

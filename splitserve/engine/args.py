@@ -62,6 +62,7 @@ class EngineSpec:
     kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
     share_cores: bool = False  # dev/test only: engines may share cores when short
     kv_lease_s: int = 30  # prefill keeps unpulled KV blocks this long (NIXL kv_lease_duration)
+    nixl_backend: str = "UCX"  # NIXL transport (LIBFABRIC on EFA): config.kv_transfer.fabric
     engine_metrics: bool = False  # export vLLM's metrics through Ray's metrics agent
     tiny_variant: int = 0  # built-in tiny model's weight variant (model None only)
     max_loras: int = 0  # LoRA adapters resident at once; 0: LoRA off
@@ -119,6 +120,7 @@ def engine_spec(
         kv_host=kv_host,
         share_cores=cfg.placement.share_cores,
         kv_lease_s=cfg.disaggregation.kv_lease_s,
+        nixl_backend=cfg.kv_transfer.nixl_backend,
         engine_metrics=cfg.observability.engine_metrics,
         tiny_variant=cfg.model.tiny_variant,
         max_loras=cfg.lora.max_loras if cfg.lora is not None else 0,

@@ -156,7 +156,7 @@ class EngineHost:
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s,
-                                       role=self.spec.role)
+                                       role=self.spec.role, backend=self.spec.nixl_backend)
             )
         args = AsyncEngineArgs(**kwargs)
         loggers: list[Any] = [self._stats.factory]

