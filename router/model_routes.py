@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitserve.config import SplitserveConfig
-from splitserve.models import resolve_model_path
+from splitserve.models import resolve_model
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.prompts import PromptBuilder
 from splitserve.router.tenancy import Tenancy
@@ -51,6 +51,13 @@ def health_names(routes: dict[str, ModelRoute]) -> dict[str, Any]:
     return {f"{name}/{role}": h for name, r in routes.items() for role, h in r.pools.items()}
 
 
+def _prompt_builder(view: SplitserveConfig) -> PromptBuilder:
+    """The router's tokenizer of a model: the directory or hub repo (and revision) the engines
+    load."""
+    model = resolve_model(view.model.path, view.model.tiny_variant)
+    return PromptBuilder(model.model, view.model.max_model_len, revision=model.revision)
+
+
 def build_routes(
     cfg: SplitserveConfig,
     pools: dict[str, dict[str, Any]],
@@ -59,11 +66,7 @@ def build_routes(
     make_prompts: Callable[[SplitserveConfig], PromptBuilder] | None = None,
 ) -> dict[str, ModelRoute]:
     """A route per served model, in config order; the first uses `primary` as its tenancy."""
-    make_prompts = make_prompts or (
-        lambda v: PromptBuilder(
-            resolve_model_path(v.model.path, v.model.tiny_variant), v.model.max_model_len
-        )
-    )
+    make_prompts = make_prompts or _prompt_builder
     routes: dict[str, ModelRoute] = {}
     for i, view in enumerate(cfg.model_views()):
         handles = pools[view.model.name]

@@ -11,10 +11,11 @@ from __future__ import annotations
 class PromptBuilder:
     """Wraps the model's Hugging Face tokenizer (loaded once per router replica)."""
 
-    def __init__(self, model_path: str, max_model_len: int) -> None:
+    def __init__(self, model_path: str, max_model_len: int, revision: str | None = None) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # the engines' revision of a hub model (splitserve.models.resolve_model)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, revision=revision)
         self.max_model_len = max_model_len
 
     @property

@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from splitserve.models.uri import parse_model_uri
+
 Mode = Literal["disaggregated", "colocated"]
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -49,8 +51,10 @@ class ModelConfig(_Strict):
     name: str = Field("splitserve-tiny", description="Served model id; clients pass it as `model`.")
     path: str | None = Field(
         None,
-        description="Local Hugging Face model directory or hub id. None: the built-in tiny model, "
-        "built on first use.",
+        description="The model: hf://ORG/NAME[@REVISION] (or a plain hub id ORG/NAME), "
+        "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (read from the model cache the download step "
+        "fills), pvc://CLAIM/PATH (the claim the Helm chart mounts) or a local directory. None: "
+        "the built-in tiny model, built on first use.",
     )
     max_model_len: int = Field(2048, gt=0, description="Context length (prompt + output tokens).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -77,6 +81,13 @@ class ModelConfig(_Strict):
         description="A chat template (a file path or the template itself) instead of the model's "
         "own (vLLM's `--chat-template`).",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_a_model_uri(cls, path: str | None) -> str | None:
+        if path is not None:
+            parse_model_uri(path)  # ModelURIError (a ValueError) names the problem
+        return path
 
 
 class PoolConfig(_Strict):

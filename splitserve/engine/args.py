@@ -135,8 +135,10 @@ def engine_spec(
     )
 
 
-def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
-    """Keyword arguments for `vllm.AsyncEngineArgs`."""
+def engine_kwargs(spec: EngineSpec, model_path: str, revision: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for `vllm.AsyncEngineArgs`. `model_path` and `revision` are what
+    `splitserve.models.resolve_model` made of the spec's model: a directory, or a hub repo id
+    and its revision (vLLM's `revision`; its tokenizer follows it)."""
     kwargs: dict[str, Any] = {
         "model": model_path,
         "served_model_name": spec.served_name,
@@ -151,6 +153,8 @@ def engine_kwargs(spec: EngineSpec, model_path: str) -> dict[str, Any]:
         "kv_cache_dtype": spec.kv_cache_dtype,
         "scheduling_policy": spec.scheduling_policy,
     }
+    if revision is not None:
+        kwargs["revision"] = revision
     if spec.block_size is not None:
         kwargs["block_size"] = spec.block_size
     if spec.max_num_batched_tokens is not None:

@@ -37,7 +37,7 @@ from splitserve.engine.messages import (
 from splitserve.engine.stats import LatestStats, RequestTransfer
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
-from splitserve.models import resolve_model_path
+from splitserve.models import resolve_model
 
 log = logging.getLogger("splitserve.engine")
 
@@ -128,26 +128,27 @@ class EngineHost:
             host = spec.kv_host or ray.util.get_node_ip_address()
             port = free_port_block(host, spec.tensor_parallel_size)
             os.environ.update(nixl_env(host, port))
-        model_path = resolve_model_path(spec.model, spec.tiny_variant)
-        log.info("%s: starting engine on cores %s for %s", self._holder, cores, model_path)
+        model = resolve_model(spec.model, spec.tiny_variant)
+        log.info("%s: starting engine on cores %s for %s%s", self._holder, cores, model.model,
+                 f" at {model.revision}" if model.revision else "")
         self._stats = LatestStats()
         self._loras: dict[int, str] = {}  # adapters asked for, by id (vLLM's list is the truth)
         self._loaded_loras: list[int] = []  # vLLM's list as last read (routing stats)
-        self.engine = self._build_engine(model_path)
+        self.engine = self._build_engine(model.model, model.revision)
         self._app: Any = None  # vLLM's OpenAI server over the engine (built on first use)
         self._app_lock = asyncio.Lock()
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
         self.kv_capacity_tokens = kv_capacity_tokens(self.engine.vllm_config)
         log.info("%s: KV cache of %d tokens", self._holder, self.kv_capacity_tokens)
 
-    def _build_engine(self, model_path: str):
+    def _build_engine(self, model_path: str, revision: str | None):
         from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from vllm.config import StructuredOutputsConfig
 
-        kwargs = engine_kwargs(self.spec, model_path)
+        kwargs = engine_kwargs(self.spec, model_path, revision)
         # the engine and vLLM's server share one structured-output config: the reasoning parser
         # tells both where a reasoning model's answer (and its output constraint) begins
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(
