@@ -34,11 +34,17 @@ COPY kv_transfer ./kv_transfer
 RUN python3 -m pip install --no-cache-dir . \
     && python3 -c "import vllm, ray, nixl; from ray import serve; import splitserve.app"
 
-# The built-in tiny model and Hugging Face downloads go to a writable cache (mount a volume here
-# to keep models across pod restarts).
-ENV HF_HOME=/root/.cache/huggingface \
+# Not root: the user `splitserve` (uid/gid 10001, the Helm chart's runAsUser/fsGroup) with a
+# writable HOME, where Hugging Face downloads, the built-in tiny model and vLLM's and Triton's
+# caches go (mount a volume at HF_HOME to keep models across pod restarts). Ray writes /tmp/ray.
+RUN groupadd --gid 10001 splitserve \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/splitserve splitserve
+ENV HOME=/home/splitserve \
+    HF_HOME=/home/splitserve/.cache/huggingface \
     RAY_USAGE_STATS_ENABLED=0 \
     PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /home/splitserve
 
 EXPOSE 8000 8080
 # The base image's entrypoint is `vllm serve`; KubeRay and KServe set their own commands.

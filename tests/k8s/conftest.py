@@ -79,7 +79,7 @@ def crds(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="session")
 def validate(request: pytest.FixtureRequest) -> Callable[[dict], None]:
     """validate(obj): CRD kinds against their CRD (skips without ../shared/crds), core kinds with
-    kubernetes-validate, ServiceMonitor by its few fields."""
+    kubernetes-validate, PodMonitor by its few fields."""
     import kubernetes_validate
 
     def check(obj: dict) -> None:
@@ -89,8 +89,8 @@ def validate(request: pytest.FixtureRequest) -> Callable[[dict], None]:
             crds = request.getfixturevalue("crds")
             errors = crds.errors(obj)
             assert not errors, f"{where} does not match its CRD:\n" + "\n".join(errors)
-        elif obj.get("kind") == "ServiceMonitor":
-            check_service_monitor(obj)
+        elif obj.get("kind") == "PodMonitor":
+            check_pod_monitor(obj)
         else:
             try:
                 kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -100,12 +100,12 @@ def validate(request: pytest.FixtureRequest) -> Callable[[dict], None]:
     return check
 
 
-def check_service_monitor(obj: dict) -> None:
-    """ServiceMonitor (Prometheus Operator; no CRD in ../shared/crds): the fields we use."""
+def check_pod_monitor(obj: dict) -> None:
+    """PodMonitor (Prometheus Operator; no CRD in ../shared/crds): the fields we use."""
     assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
     spec = obj["spec"]
-    assert set(spec) == {"selector", "endpoints"}
+    assert set(spec) == {"selector", "podMetricsEndpoints"}
     assert spec["selector"]["matchLabels"]
-    for ep in spec["endpoints"]:
+    for ep in spec["podMetricsEndpoints"]:
         assert set(ep) <= {"port", "path", "interval"} and ep["port"]

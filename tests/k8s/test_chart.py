@@ -54,8 +54,9 @@ def test_rendered_manifests_validate(render_chart, validate, values: Path | None
 
 def test_all_optional_kinds_render(render_chart) -> None:
     kinds = {d["kind"] for d in render_chart(CHART / "ci" / "cpu-dev-values.yaml")}
-    assert kinds == {"RayService", "Service", "Ingress", "Secret", "ServiceMonitor", "ConfigMap"}
-    assert {d["kind"] for d in render_chart()} == {"RayService", "Service"}
+    assert kinds == {"RayService", "NetworkPolicy", "Ingress", "Secret", "PodMonitor", "ConfigMap"}
+    # No Service of the chart's own: KubeRay makes the serve Service (spec.serveService).
+    assert {d["kind"] for d in render_chart()} == {"RayService", "NetworkPolicy"}
 
 
 @pytest.mark.parametrize("values", ALL_VALUES, ids=IDS)
@@ -108,19 +109,22 @@ def test_api_key_secret_is_mounted_where_the_config_points(render_chart) -> None
         assert mounts["api-keys"] == "/etc/splitserve/api-keys"
 
 
-def test_service_ingress_and_monitor_point_at_each_other(render_chart) -> None:
+def test_ingress_and_monitor_point_at_the_serve_service_and_the_pods(render_chart) -> None:
+    # More on the serve Service, the monitor and the network policy: tests/k8s/test_exposure.py.
     docs = render_chart(CHART / "ci" / "cpu-dev-values.yaml")
-    svc = by_kind(docs, "Service")[0]
-    ingress = by_kind(docs, "Ingress")[0]
-    monitor = by_kind(docs, "ServiceMonitor")[0]
-    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
-    assert backend == {"name": svc["metadata"]["name"], "port": {"name": "http"}}
-    assert monitor["spec"]["endpoints"][0]["port"] == "http"
-    labels = svc["metadata"]["labels"]
-    assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
     rs = by_kind(docs, "RayService")[0]
-    head_labels = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["metadata"]["labels"]
-    assert all(head_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    serve_svc = rs["spec"]["serveService"]
+    ingress = by_kind(docs, "Ingress")[0]
+    monitor = by_kind(docs, "PodMonitor")[0]
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": serve_svc["metadata"]["name"], "port": {"name": "serve"}}
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    head_ports = {p["name"] for p in head["spec"]["containers"][0]["ports"]}
+    assert {ep["port"] for ep in monitor["spec"]["podMetricsEndpoints"]} <= head_ports
+    for pod in [head] + [g["template"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]]:
+        labels = pod["metadata"]["labels"]
+        assert all(labels.get(k) == v
+                   for k, v in monitor["spec"]["selector"]["matchLabels"].items())
 
 
 def test_grafana_dashboard_configmap_is_the_dashboard_file(render_chart) -> None:

@@ -54,6 +54,7 @@ def test_autoscaler_on_and_groups_follow_the_bounds(render_chart, validate, tmp_
         "upscalingMode": "Default",
         "idleTimeoutSeconds": 60,
         "resources": chart_values()["autoscaler"]["resources"],
+        "securityContext": chart_values()["securityContext"],  # tests/k8s/test_exposure.py
     }
     cfg = effective_config(merged(EXAMPLES[example], extra))
     assert set(groups(rs)) == set(cfg.deployed_pools())

@@ -203,3 +203,85 @@ Secret. Both the RayService and the KServe modes use it.
 {{- end }}{{ end }}
 {{- toJson $env }}
 {{- end }}
+
+{{/*
+Security contexts (values podSecurityContext, securityContext). The container one takes a list of
+capabilities to add, e.g. (list $ (list "IPC_LOCK")) for the engine containers of an RDMA fabric:
+they join securityContext.capabilities.add, and `drop` stays as the values say (default ALL).
+*/}}
+{{- define "splitserve.podSecurityContext" -}}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "splitserve.containerSecurityContext" -}}
+{{- $root := index . 0 }}
+{{- $add := index . 1 }}
+{{- $ctx := deepCopy (default (dict) $root.Values.securityContext) }}
+{{- if $add }}
+{{- $caps := deepCopy (default (dict) $ctx.capabilities) }}
+{{- $_ := set $caps "add" (concat (default (list) $caps.add) $add | uniq) }}
+{{- $_ := set $ctx "capabilities" $caps }}
+{{- end }}
+{{- with $ctx }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The serve Service KubeRay creates for the RayService (spec.serveService): its name, and the
+object. KubeRay sets its selector to the pods of the cluster whose Serve app is ready (label
+ray.io/serve) and keeps only ports named "serve"; during an upgrade it switches the selector to
+the new cluster once that cluster's app is ready.
+*/}}
+{{- define "splitserve.serveServiceName" -}}
+{{- printf "%s-serve-svc" (include "splitserve.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "splitserve.serveService" -}}
+metadata:
+  name: {{ include "splitserve.serveServiceName" . }}
+  labels:
+    {{- include "splitserve.labels" . | nindent 4 }}
+    splitserve.io/service: api
+  {{- with .Values.service.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  type: {{ .Values.service.type }}
+  ports:
+    - name: serve
+      port: {{ int .Values.service.port }}
+      targetPort: serve
+      protocol: TCP
+{{- end }}
+
+{{/*
+The RayService upgrade strategy (values upgradeStrategy), with the checks KubeRay makes at
+admission time for NewClusterWithIncrementalUpgrade made at render time instead.
+*/}}
+{{- define "splitserve.upgradeStrategy" -}}
+{{- $u := .Values.upgradeStrategy }}
+{{- if not (has $u.type (list "NewCluster" "None" "NewClusterWithIncrementalUpgrade")) }}
+{{- fail (printf "upgradeStrategy.type must be NewCluster, None or NewClusterWithIncrementalUpgrade (got %v)" $u.type) }}
+{{- end }}
+type: {{ $u.type }}
+{{- if eq $u.type "NewClusterWithIncrementalUpgrade" }}
+{{- if not (include "splitserve.autoscaling" .) }}
+{{- fail "upgradeStrategy NewClusterWithIncrementalUpgrade needs KubeRay's autoscaler: set config.autoscaling" }}
+{{- end }}
+{{- $o := default (dict) $u.clusterUpgradeOptions }}
+{{- if not (and $o.gatewayClassName $o.stepSizePercent $o.intervalSeconds) }}
+{{- fail "upgradeStrategy NewClusterWithIncrementalUpgrade needs clusterUpgradeOptions.gatewayClassName, stepSizePercent and intervalSeconds" }}
+{{- end }}
+{{- if .Values.ingress.enabled }}
+{{- fail "upgradeStrategy NewClusterWithIncrementalUpgrade routes through KubeRay's Gateway (clusterUpgradeOptions.gatewayClassName), not an Ingress: set ingress.enabled=false" }}
+{{- end }}
+clusterUpgradeOptions:
+  {{- toYaml $o | nindent 2 }}
+{{- end }}
+{{- end }}
