@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from splitserve.models.uri import parse_model_uri
+from splitserve.models.uri import MODEL_PATH_PATTERN, parse_model_uri
 
 Mode = Literal["disaggregated", "colocated"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -55,6 +55,8 @@ class ModelConfig(_Strict):
         "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (read from the model cache the download step "
         "fills), pvc://CLAIM/PATH (the claim the Helm chart mounts) or a local directory. None: "
         "the built-in tiny model, built on first use.",
+        # the values schema refuses another scheme at `helm install` (the validator below says why)
+        json_schema_extra={"pattern": MODEL_PATH_PATTERN},
     )
     max_model_len: int = Field(2048, gt=0, description="Context length (prompt + output tokens).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

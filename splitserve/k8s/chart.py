@@ -59,12 +59,16 @@ def helm_values(cfg: SplitserveConfig) -> dict:
     """A values file that deploys `cfg` with the chart (`--target helm-values`).
 
     The config is embedded whole. A loopback `router.host` becomes 0.0.0.0: inside a pod the
-    Serve proxy must listen on the pod's address for the Service to reach it.
+    Serve proxy must listen on the pod's address for the Service to reach it. An s3:// or gs://
+    model turns the model cache on (the engines read it from there).
     """
     data = cfg.model_dump(mode="json")
     if data["router"]["host"] in LOOPBACK_HOSTS:
         data["router"]["host"] = "0.0.0.0"
-    return {"config": data}
+    out: dict = {"config": data}
+    if (cfg.model.path or "").startswith(("s3://", "gs://")):
+        out["modelCache"] = {"enabled": True}
+    return out
 
 
 def helm_values_yaml(cfg: SplitserveConfig, source: str = "") -> str:

@@ -3,6 +3,7 @@
     splitserve k8s render -c FILE --target kserve|llmisvc|helm-values [--out DIR] [--name N]
                           [--image IMAGE] [--namespace NS]
     splitserve k8s check  -c FILE [--target helm|kserve|llmisvc] [--gpus-per-node N]
+                          [-f VALUES ...]
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
 from splitserve.config import load_config
+from splitserve.k8s.chart import chart_values, merge_values
 from splitserve.k8s.layout import DEFAULT_IMAGE
 from splitserve.k8s.preflight import DEFAULT_GPUS_PER_NODE, TARGETS, errors, preflight
 from splitserve.k8s.render import RENDER_TARGETS, RenderError, render, write
@@ -43,7 +47,10 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    findings = preflight(cfg, args.target, gpus_per_node=args.gpus_per_node)
+    values = chart_values()
+    for path in args.values or []:  # like `helm install -f`: later files win
+        values = merge_values(values, yaml.safe_load(Path(path).read_text()) or {})
+    findings = preflight(cfg, args.target, gpus_per_node=args.gpus_per_node, values=values)
     for finding in findings:
         print(f"splitserve: {finding}", file=sys.stderr)
     bad = errors(findings)
@@ -85,4 +92,7 @@ def add_k8s_commands(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--target", default="helm", choices=TARGETS)
     check.add_argument("--gpus-per-node", type=_positive, default=DEFAULT_GPUS_PER_NODE,
                        help=f"GPUs of one node (default: {DEFAULT_GPUS_PER_NODE})")
+    check.add_argument("-f", "--values", action="append", metavar="FILE",
+                       help="the chart values file(s) you install with (helm install -f): "
+                       "modelCache, extraVolumeMounts (default: the chart's values.yaml)")
     check.set_defaults(func=_cmd_check)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitserve.config import PoolConfig, SplitserveConfig
+from splitserve.models.cache import MODEL_CACHE_MOUNT, PVC_MOUNT_ROOT
+from splitserve.models.uri import URI_SCHEMES, kserve_uri, parse_model_uri
 
 # Ray custom resource that pins a pool's replicas to its own worker group: each worker pod of
 # group `prefill` advertises {"splitserve-prefill": 1}, each prefill replica asks for 1. Without
@@ -28,7 +30,11 @@ KSERVE_MODEL_DIR = "/mnt/models"
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_IMAGE = "splitserve:0.1.0"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-STORAGE_SCHEMES = ("hf://", "s3://", "gs://", "pvc://", "oci://", "https://", "http://")
+STORAGE_SCHEMES = tuple(f"{s}://" for s in URI_SCHEMES)  # models/uri.py
+# The model cache (values modelCache) and a pvc:// model's claim, as the chart mounts them in
+# every Ray pod (templates/_models.tpl); models/cache.py reads them at these paths.
+MODEL_CACHE_VOLUME = "model-cache"
+MODEL_PVC_VOLUME = "model-pvc"
 
 
 def k8s_device(cfg: SplitserveConfig) -> str:
@@ -87,8 +93,19 @@ def worker_group_size(cfg: SplitserveConfig, role: str) -> GroupSize:
     return GroupSize(min(max(pool.replicas * per, low), high), low, high, autoscaled=True)
 
 
+def chart_model_mounts(cfg: SplitserveConfig, model_cache: bool) -> dict[str, str]:
+    """Mount path -> what the chart mounts there for the model in every Ray pod: the model
+    cache (values modelCache.enabled) and a pvc:// model's claim (templates/_models.tpl)."""
+    out = {MODEL_CACHE_MOUNT: "model cache"} if model_cache else {}
+    if cfg.model.path is not None:
+        uri = parse_model_uri(cfg.model.path)
+        if uri.scheme == "pvc":
+            out[f"{PVC_MOUNT_ROOT}/{uri.root}"] = f"claim {uri.root!r} of the pvc:// model"
+    return out
+
+
 def is_storage_uri(path: str | None) -> bool:
-    """True for a URI KServe's storage initializer can fetch (hf://, s3://, pvc://, ...)."""
+    """True for an explicit model URI (hf://, s3://, gs://, pvc://): KServe fetches it."""
     return bool(path) and path.startswith(STORAGE_SCHEMES)  # type: ignore[union-attr]
 
 
@@ -98,10 +115,9 @@ def is_local_path(path: str | None) -> bool:
 
 
 def model_uri(path: str | None) -> str | None:
-    """A KServe model URI for `model.path`: URIs as they are, a hub id as hf://ORG/NAME.
+    """A KServe model URI for `model.path` (`splitserve.models.uri.kserve_uri`): a hub id or
+    hf:// URI as hf://ORG/NAME[:REVISION], s3/gs/pvc as they are.
 
     None when there is none: the built-in tiny model (path None) or a local directory.
     """
-    if path is None or is_local_path(path):
-        return None
-    return path if is_storage_uri(path) else f"hf://{path}"
+    return None if path is None else kserve_uri(parse_model_uri(path))

@@ -15,11 +15,10 @@ Rules (one function each):
 - device: pipeline parallelism is not supported on the CPU; the LLMInferenceService runs CUDA
   vLLM only;
 - model: KServe needs a model it can fetch (a hub id or storage URI), not a local directory;
+- model storage (helm): an s3:// or gs:// model is read from the model cache, so `modelCache`
+  must be on; the chart's model mounts (/mnt/model-cache, /mnt/pvc/CLAIM) must not collide with
+  `extraVolumeMounts`. A pvc:// model's claim is always mounted (by the chart, or by KServe);
 - network: a loopback `router.host` is unreachable from the Service;
-- KV transport: a disaggregated deployment on CUDA whose prefill and decode pools run in
-  separate pods (the chart, an LLMInferenceService) moves every remote prefill's KV between
-  pods; with `kv_transfer.fabric` tcp (the default) that is UCX over TCP on the pod network, a
-  warning that names the key (two pods share no NVLink or CUDA IPC, even on one node);
 - models: a several-model config (`models:`) is not rendered for Kubernetes yet (the KServe
   resources describe one model; the chart's worker groups are sized from one model's pools).
 """
@@ -31,7 +30,13 @@ from typing import Literal
 
 from splitserve.config import SplitserveConfig
 from splitserve.engine.args import engine_spec
-from splitserve.k8s.layout import LOOPBACK_HOSTS, is_local_path, k8s_device, model_uri
+from splitserve.k8s.layout import (
+    LOOPBACK_HOSTS,
+    chart_model_mounts,
+    is_local_path,
+    k8s_device,
+    model_uri,
+)
 from splitserve.kv_transfer.compat import (
     CompatibilityError,
     check_pd_compatible,
@@ -126,7 +131,7 @@ def _model(cfg: SplitserveConfig, target: Target) -> list[Finding]:
         what = "the built-in tiny model" if path is None else f"the local directory {path!r}"
         return [Finding("error", "model.path",
                         f"{what} cannot be served by an LLMInferenceService: give a Hugging Face "
-                        "id or a storage URI (hf://, s3://, gs://, pvc://, oci://)")]
+                        "id or a storage URI (hf://, s3://, gs://, pvc://)")]
     if is_local_path(path):
         level = "error" if target == "kserve" else "warning"
         return [Finding(level, "model.path",
@@ -135,39 +140,23 @@ def _model(cfg: SplitserveConfig, target: Target) -> list[Finding]:
     return []
 
 
-# TCP between pods is 100x and more slower than RDMA for a KV cache: a 5k-token KV of Llama 3 8B
-# took 1.8 s over TCP and 3 ms over RDMA (ai-dynamo/dynamo PR 1314). The estimate below prices
-# this prompt length with the planner's TCP figure (controller/profiles.py, kv_fabric_link).
-TCP_WARNING_PROMPT_TOKENS = 1024
-
-
-def _kv_transport(cfg: SplitserveConfig, target: Target) -> list[Finding]:
-    if cfg.mode != "disaggregated" or target == "kserve" or k8s_device(cfg) != "cuda":
-        return []  # one pod (kserve), or no KV between pods, or a CPU dev cluster
-    if cfg.kv_transfer.fabric != "tcp":
+def _model_storage(cfg: SplitserveConfig, target: Target, values: dict) -> list[Finding]:
+    if target != "helm" or cfg.model.path is None:
         return []
-    said = "tcp" if "fabric" in cfg.kv_transfer.model_fields_set else "not set (tcp)"
-    return [Finding("warning", "kv_transfer.fabric",
-                    f"{said}: each remote prefill's KV cache moves from a prefill pod to a decode "
-                    f"pod over TCP on the pod network (two pods share no NVLink or CUDA IPC, "
-                    f"even on one node){_tcp_estimate(cfg)}; set kv_transfer.fabric to "
-                    "infiniband, roce or efa and the chart's kvFabric values (docs/kubernetes.md, "
-                    "\"KV fabric\")")]
-
-
-def _tcp_estimate(cfg: SplitserveConfig) -> str:
-    """", about N ms for a 1024-token prompt's KV (M MB)" for the config's model, or "" when its
-    shape is unknown."""
-    from splitserve.controller.profiles import TCP_KV_BW, ModelShapeError, model_shape
-
-    try:
-        shape = model_shape(cfg.model.path, cfg.model.name, cfg.model.dtype)
-    except (ModelShapeError, OSError):
-        return ""
-    nbytes = TCP_WARNING_PROMPT_TOKENS * shape.kv_bytes_per_token
-    return (f", about {1e3 * nbytes / TCP_KV_BW:.0f} ms for a {TCP_WARNING_PROMPT_TOKENS}-token "
-            f"prompt's KV ({nbytes / 1e6:.0f} MB) at the {TCP_KV_BW / 1e9:.2f} GB/s measured over "
-            "TCP")
+    cache_on = bool((values.get("modelCache") or {}).get("enabled"))
+    out = []
+    if cfg.model.path.startswith(("s3://", "gs://")) and not cache_on:
+        out.append(Finding("error", "modelCache.enabled",
+                           f"model.path {cfg.model.path} is read from the chart's model cache, "
+                           "which is off: set modelCache.enabled: true (its Job downloads the "
+                           "model once, before the engines start)"))
+    taken = {m.get("mountPath") for m in values.get("extraVolumeMounts") or []}
+    for path, what in chart_model_mounts(cfg, cache_on).items():
+        if path in taken:
+            out.append(Finding("error", "extraVolumeMounts",
+                               f"{path} is where the chart mounts the {what}; mount yours "
+                               "elsewhere"))
+    return out
 
 
 def _network(cfg: SplitserveConfig, target: Target) -> list[Finding]:
@@ -179,8 +168,11 @@ def _network(cfg: SplitserveConfig, target: Target) -> list[Finding]:
 
 
 def preflight(cfg: SplitserveConfig, target: Target = "helm", *,
-              gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Finding]:
-    """Every finding for deploying `cfg` on `target` with nodes of `gpus_per_node` GPUs."""
+              gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+              values: dict | None = None) -> list[Finding]:
+    """Every finding for deploying `cfg` on `target` with nodes of `gpus_per_node` GPUs.
+    `values`: the chart values it is installed with, besides `config` (None: the chart's
+    defaults; the helm target's model-storage rules read modelCache and extraVolumeMounts)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     if gpus_per_node < 1:
@@ -193,8 +185,8 @@ def preflight(cfg: SplitserveConfig, target: Target = "helm", *,
         *_compatibility(cfg, target),
         *_device(cfg, target),
         *_model(cfg, target),
+        *_model_storage(cfg, target, values or {}),
         *_network(cfg, target),
-        *_kv_transport(cfg, target),
     ]
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from splitserve.config import SplitserveConfig
 from splitserve.k8s import kserve
-from splitserve.k8s.chart import helm_values_yaml
+from splitserve.k8s.chart import helm_values, helm_values_yaml
 from splitserve.k8s.layout import DEFAULT_IMAGE
 from splitserve.k8s.preflight import errors, preflight
 
@@ -58,7 +58,9 @@ def render(cfg: SplitserveConfig, target: RenderTarget, *, name: str = "splitser
     # Node size is unknown here (`k8s check --gpus-per-node` knows it): a node as large as the
     # largest request, so that only size-independent rules apply.
     biggest = max(p.replicas * p.ranks for p in cfg.deployed_pools().values())
-    problems = errors(preflight(cfg, check_target, gpus_per_node=max(biggest, 1) * 2))
+    values = helm_values(cfg) if target == "helm-values" else None
+    problems = errors(preflight(cfg, check_target, gpus_per_node=max(biggest, 1) * 2,
+                                values=values))
     if problems:
         raise RenderError(
             f"cannot render {target}:\n" + "\n".join(f"  {p}" for p in problems)

@@ -32,6 +32,9 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{0,221}$")
 # A PersistentVolumeClaim name: a DNS-1123 subdomain.
 _CLAIM = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
+# JSON-schema pattern of model.path in the chart's values schema (Go regexp: no lookahead): a
+# known scheme, or no ':' at all (a hub id or a directory).
+MODEL_PATH_PATTERN = r"^((hf|s3|gs|pvc)://.+|[^:]*)$"
 USAGE = ("hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, pvc://CLAIM/PATH, "
          "a hub id ORG/NAME or a local directory")
 

@@ -176,6 +176,7 @@ Pod-level pieces shared by the head and worker pods.
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
+{{- include "splitserve.modelVolumes" . }}
 {{- end }}
 
 {{- define "splitserve.volumeMounts" -}}
@@ -189,11 +190,13 @@ Pod-level pieces shared by the head and worker pods.
 {{- with .Values.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
+{{- include "splitserve.modelVolumeMounts" . }}
 {{- end }}
 
 {{/*
 Engine container env (JSON list): values.env, then HF_TOKEN from hfTokenSecret when it names a
-Secret. Both the RayService and the KServe modes use it.
+Secret, then the model cache's paths (RayService with modelCache on, _models.tpl). Both the
+RayService and the KServe modes use it, and so does the model download Job.
 */}}
 {{- define "splitserve.env" -}}
 {{- $env := list }}
@@ -201,6 +204,7 @@ Secret. Both the RayService and the KServe modes use it.
 {{- with .Values.hfTokenSecret }}{{ if .name }}
 {{- $env = append $env (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" .name "key" (default "token" .key)))) }}
 {{- end }}{{ end }}
+{{- $env = concat $env (include "splitserve.modelCacheEnv" (list . true) | fromJsonArray) }}
 {{- toJson $env }}
 {{- end }}
 
