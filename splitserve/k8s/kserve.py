@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from splitserve.config import PoolConfig, SplitserveConfig
+from splitserve.k8s.fabric import FabricValues, fabric_pod
 from splitserve.k8s.layout import (
     GPU_RESOURCE,
     KSERVE_MODEL_DIR,
@@ -54,7 +55,9 @@ class PodOptions:
     `imagePullSecrets`, `extraVolumes`, `extraVolumeMounts`; `hf_token_secret`: the value
     `hfTokenSecret` ({name, key}; an `HF_TOKEN` env from that Secret when `name` is set);
     `shm_size`: `workers.shmSize`; `scheduling`: role -> {nodeSelector, tolerations, affinity}
-    from `workers.<role>` (the single InferenceService pod takes decode's).
+    from `workers.<role>` (the single InferenceService pod takes decode's); `fabric`: the
+    `kvFabric` values, for the LLMInferenceService's workloads (the InferenceService runs both
+    pools in one pod: no KV crosses pods).
     """
 
     env: list[dict] = field(default_factory=list)
@@ -64,6 +67,7 @@ class PodOptions:
     hf_token_secret: dict | None = None
     shm_size: str = "16Gi"
     scheduling: dict[str, dict] = field(default_factory=dict)
+    fabric: FabricValues = field(default_factory=FabricValues)
 
     @classmethod
     def from_values(cls, values: dict) -> PodOptions:
@@ -79,7 +83,7 @@ class PodOptions:
                    volume_mounts=list(values.get("extraVolumeMounts") or []),
                    hf_token_secret=values.get("hfTokenSecret") or None,
                    shm_size=str(workers.get("shmSize", "16Gi")),
-                   scheduling=scheduling)
+                   scheduling=scheduling, fabric=FabricValues.from_values(values))
 
     def container_env(self) -> list[dict]:
         env = [dict(e) for e in self.env]
@@ -253,17 +257,26 @@ def _workload(cfg: SplitserveConfig, role: str, image: str, cpu: str, memory: st
 
     pool: PoolConfig = getattr(cfg.pools, role)
     shm = pool.tensor_parallel_size > 1
+    fabric = fabric_pod(cfg, pod.fabric)  # the KV path between the workloads' pods
     main = _serialize(V1Container(name="main", image=image,
                                   resources=_resources(cfg, pool.ranks, cpu, memory)))
-    if env := pod.container_env():
+    for amounts in main["resources"].values():
+        amounts.update(fabric.resources)
+    if env := pod.container_env() + fabric.env:
         main["env"] = env
     if mounts := pod.mounts(shm):
         main["volumeMounts"] = mounts
+    if fabric.capabilities:
+        main["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
+    out: dict[str, Any] = {}
+    if fabric.annotations:
+        out["annotations"] = dict(fabric.annotations)
     return {
+        **out,
         "replicas": pool.replicas,
         "parallelism": {"tensor": pool.tensor_parallel_size,
                         "pipeline": pool.pipeline_parallel_size},
-        "template": {"containers": [main], **pod.pod_fields(role, shm)},
+        "template": {"containers": [main], **pod.pod_fields(role, shm), **fabric.pod_fields()},
     }
 
 

@@ -19,6 +19,10 @@ Rules (one function each):
   must be on; the chart's model mounts (/mnt/model-cache, /mnt/pvc/CLAIM) must not collide with
   `extraVolumeMounts`. A pvc:// model's claim is always mounted (by the chart, or by KServe);
 - network: a loopback `router.host` is unreachable from the Service;
+- KV transport: a disaggregated deployment on CUDA whose prefill and decode pools run in
+  separate pods (the chart, an LLMInferenceService) moves every remote prefill's KV between
+  pods; with `kv_transfer.fabric` tcp (the default) that is UCX over TCP on the pod network, a
+  warning that names the key (two pods share no NVLink or CUDA IPC, even on one node);
 - models: a several-model config (`models:`) is not rendered for Kubernetes yet (the KServe
   resources describe one model; the chart's worker groups are sized from one model's pools).
 """
@@ -140,6 +144,41 @@ def _model(cfg: SplitserveConfig, target: Target) -> list[Finding]:
     return []
 
 
+# TCP between pods is 100x and more slower than RDMA for a KV cache: a 5k-token KV of Llama 3 8B
+# took 1.8 s over TCP and 3 ms over RDMA (ai-dynamo/dynamo PR 1314). The estimate below prices
+# this prompt length with the planner's TCP figure (controller/profiles.py, kv_fabric_link).
+TCP_WARNING_PROMPT_TOKENS = 1024
+
+
+def _kv_transport(cfg: SplitserveConfig, target: Target) -> list[Finding]:
+    if cfg.mode != "disaggregated" or target == "kserve" or k8s_device(cfg) != "cuda":
+        return []  # one pod (kserve), or no KV between pods, or a CPU dev cluster
+    if cfg.kv_transfer.fabric != "tcp":
+        return []
+    said = "tcp" if "fabric" in cfg.kv_transfer.model_fields_set else "not set (tcp)"
+    return [Finding("warning", "kv_transfer.fabric",
+                    f"{said}: each remote prefill's KV cache moves from a prefill pod to a decode "
+                    f"pod over TCP on the pod network (two pods share no NVLink or CUDA IPC, "
+                    f"even on one node){_tcp_estimate(cfg)}; set kv_transfer.fabric to "
+                    "infiniband, roce or efa and the chart's kvFabric values (docs/kubernetes.md, "
+                    "\"KV fabric\")")]
+
+
+def _tcp_estimate(cfg: SplitserveConfig) -> str:
+    """", about N ms for a 1024-token prompt's KV (M MB)" for the config's model, or "" when its
+    shape is unknown."""
+    from splitserve.controller.profiles import TCP_KV_BW, ModelShapeError, model_shape
+
+    try:
+        shape = model_shape(cfg.model.path, cfg.model.name, cfg.model.dtype)
+    except (ModelShapeError, OSError):
+        return ""
+    nbytes = TCP_WARNING_PROMPT_TOKENS * shape.kv_bytes_per_token
+    return (f", about {1e3 * nbytes / TCP_KV_BW:.0f} ms for a {TCP_WARNING_PROMPT_TOKENS}-token "
+            f"prompt's KV ({nbytes / 1e6:.0f} MB) at the {TCP_KV_BW / 1e9:.2f} GB/s measured over "
+            "TCP")
+
+
 def _model_storage(cfg: SplitserveConfig, target: Target, values: dict) -> list[Finding]:
     if target != "helm" or cfg.model.path is None:
         return []
@@ -187,6 +226,7 @@ def preflight(cfg: SplitserveConfig, target: Target = "helm", *,
         *_model(cfg, target),
         *_model_storage(cfg, target, values or {}),
         *_network(cfg, target),
+        *_kv_transport(cfg, target),
     ]
 
 

@@ -5,11 +5,11 @@ No engine starts."""
 from __future__ import annotations
 
 import pytest
+from splitserve.kv_transfer.nixl import nixl_transfer_config
 from vllm.config import KVTransferConfig
 
 from splitserve.config import ConfigError, parse_config
 from splitserve.engine.args import engine_spec
-from splitserve.kv_transfer.nixl import nixl_transfer_config
 
 
 def _kv_config(fabric: str | None) -> KVTransferConfig:
