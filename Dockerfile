@@ -20,6 +20,9 @@ RUN apt-get update \
 # Pinned like the project (pyproject.toml): Ray 2.60.0 with Serve, NIXL 1.5.1. vLLM and torch
 # come from the base image and are not reinstalled.
 RUN python3 -m pip install --no-cache-dir "ray[serve]==2.60.0" "nixl==1.5.1"
+# The model-cache Job (`python -m splitserve.models.download`) copies s3:// and gs:// models with
+# these clients (hub models go through huggingface_hub, which vLLM already brings).
+RUN python3 -m pip install --no-cache-dir "boto3>=1.34" "google-cloud-storage>=2.16"
 
 WORKDIR /opt/splitserve
 COPY pyproject.toml README.md ./
