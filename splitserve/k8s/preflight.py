@@ -144,25 +144,6 @@ def _model(cfg: SplitserveConfig, target: Target) -> list[Finding]:
     return []
 
 
-def _model_storage(cfg: SplitserveConfig, target: Target, values: dict) -> list[Finding]:
-    if target != "helm" or cfg.model.path is None:
-        return []
-    cache_on = bool((values.get("modelCache") or {}).get("enabled"))
-    out = []
-    if cfg.model.path.startswith(("s3://", "gs://")) and not cache_on:
-        out.append(Finding("error", "modelCache.enabled",
-                           f"model.path {cfg.model.path} is read from the chart's model cache, "
-                           "which is off: set modelCache.enabled: true (its Job downloads the "
-                           "model once, before the engines start)"))
-    taken = {m.get("mountPath") for m in values.get("extraVolumeMounts") or []}
-    for path, what in chart_model_mounts(cfg, cache_on).items():
-        if path in taken:
-            out.append(Finding("error", "extraVolumeMounts",
-                               f"{path} is where the chart mounts the {what}; mount yours "
-                               "elsewhere"))
-    return out
-
-
 # TCP between pods is 100x and more slower than RDMA for a KV cache: a 5k-token KV of Llama 3 8B
 # took 1.8 s over TCP and 3 ms over RDMA (ai-dynamo/dynamo PR 1314). The estimate below prices
 # this prompt length with the planner's TCP figure (controller/profiles.py, kv_fabric_link).
@@ -196,6 +177,25 @@ def _tcp_estimate(cfg: SplitserveConfig) -> str:
     return (f", about {1e3 * nbytes / TCP_KV_BW:.0f} ms for a {TCP_WARNING_PROMPT_TOKENS}-token "
             f"prompt's KV ({nbytes / 1e6:.0f} MB) at the {TCP_KV_BW / 1e9:.2f} GB/s measured over "
             "TCP")
+
+
+def _model_storage(cfg: SplitserveConfig, target: Target, values: dict) -> list[Finding]:
+    if target != "helm" or cfg.model.path is None:
+        return []
+    cache_on = bool((values.get("modelCache") or {}).get("enabled"))
+    out = []
+    if cfg.model.path.startswith(("s3://", "gs://")) and not cache_on:
+        out.append(Finding("error", "modelCache.enabled",
+                           f"model.path {cfg.model.path} is read from the chart's model cache, "
+                           "which is off: set modelCache.enabled: true (its Job downloads the "
+                           "model once, before the engines start)"))
+    taken = {m.get("mountPath") for m in values.get("extraVolumeMounts") or []}
+    for path, what in chart_model_mounts(cfg, cache_on).items():
+        if path in taken:
+            out.append(Finding("error", "extraVolumeMounts",
+                               f"{path} is where the chart mounts the {what}; mount yours "
+                               "elsewhere"))
+    return out
 
 
 def _network(cfg: SplitserveConfig, target: Target) -> list[Finding]:
