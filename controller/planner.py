@@ -359,8 +359,8 @@ def _pool_lines(p: PoolPlan) -> list[str]:
     ]
     if p.role == "prefill":
         lines.append(f"  predicted: p90 TTFT {1e3 * (p.ttft_s or 0):.0f} ms (prefill + queue + "
-                     f"handoff {1e3 * p.handoff_s:.0f} ms) at utilization {p.utilization:.2f}; capacity "
-                     f"{p.capacity:,.0f} prompt tokens/s per replica")
+                     f"handoff {1e3 * p.handoff_s:.0f} ms) at utilization {p.utilization:.2f}; "
+                     f"capacity {p.capacity:,.0f} prompt tokens/s per replica")
     else:
         ttft = f"p90 TTFT {1e3 * p.ttft_s:.0f} ms, " if p.ttft_s is not None else ""
         lines.append(f"  predicted: {ttft}TPOT {1e3 * (p.tpot_s or 0):.1f} ms at batch "

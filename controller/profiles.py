@@ -113,7 +113,8 @@ class AcceleratorProfile:
             return self
         return replace(self, devices_per_node=devices_per_node)
 
-    def with_kv_fabric(self, fabric: str, bandwidth_gbps: float | None = None) -> AcceleratorProfile:
+    def with_kv_fabric(self, fabric: str,
+                       bandwidth_gbps: float | None = None) -> AcceleratorProfile:
         """The same device with its KV handoff priced over `fabric` (`kv_fabric_link`). The CPU
         profile is unchanged: its engines share one machine, and its figure is measured."""
         if self.name == "cpu":

@@ -6,12 +6,12 @@ against 3 ms for a 5k-token KV of an 8B model, ai-dynamo/dynamo PR 1314); two po
 NVLink or CUDA IPC between them either (separate containers, their own GPUs). A preset names
 what a fabric kind needs in the pod:
 
-    kind        NIXL backend  env (static)                                resources (default)
-    tcp         UCX           -                                           -
-    infiniband  UCX           UCX_TLS=rc,sm,self,cuda_copy,cuda_ipc       rdma/ib: 1
-    roce        UCX           UCX_TLS=rc,sm,self,cuda_copy,cuda_ipc       rdma/rdma_shared_device_a: 1
-    efa         LIBFABRIC     FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1   vpc.amazonaws.com/efa: 1
-    custom      UCX           -                                           -
+    kind        NIXL backend  env (static)                               resources (default)
+    tcp         UCX           -                                          -
+    infiniband  UCX           UCX_TLS=rc,sm,self,cuda_copy,cuda_ipc      rdma/ib: 1
+    roce        UCX           UCX_TLS=rc,sm,self,cuda_copy,cuda_ipc      rdma/rdma_shared_device_a: 1
+    efa         LIBFABRIC     FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1  vpc.amazonaws.com/efa: 1
+    custom      UCX           -                                          -
 
 plus IPC_LOCK for the RDMA kinds (memory registration pins pages). What depends on the cluster
 comes from the chart's `kvFabric` values (`FabricValues`): the resource names and counts (they

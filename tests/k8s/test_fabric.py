@@ -41,7 +41,8 @@ CASES = {
     "custom-hostnet": (
         "custom", {"env": [{"name": "UCX_TLS", "value": "tcp,cuda_copy"}], "ipcLock": True,
                    "hostNetwork": True, "netDevices": "eth1"},
-        [{"name": "UCX_NET_DEVICES", "value": "eth1"}, {"name": "UCX_TLS", "value": "tcp,cuda_copy"}],
+        [{"name": "UCX_NET_DEVICES", "value": "eth1"},
+         {"name": "UCX_TLS", "value": "tcp,cuda_copy"}],
         {}, ["IPC_LOCK"]),
     "infiniband-no-ipc-lock": ("infiniband", {"ipcLock": False}, [UCX_TLS], {"rdma/ib": "1"}, []),
 }
@@ -64,7 +65,8 @@ def _render(render_chart, tmp_path: Path, validate, values: dict) -> list[dict]:
 
 def _groups(docs: list[dict]) -> dict[str, dict]:
     (rs,) = [d for d in docs if d["kind"] == "RayService"]
-    return {g["groupName"]: g["template"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    groups = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    return {g["groupName"]: g["template"] for g in groups}
 
 
 def _caps(container: dict) -> list[str]:

@@ -116,7 +116,8 @@ def test_kv_over_tcp_between_pods_warns(target, fabric) -> None:
     (f,) = [f for f in found if f.key == "kv_transfer.fabric"]
     assert f.level == "warning"
     assert f.message.startswith("tcp: " if fabric else "not set (tcp): ")
-    assert "over TCP" in f.message and "about 369 ms for a 1024-token prompt's KV (134 MB)" in f.message
+    assert "over TCP" in f.message
+    assert "about 369 ms for a 1024-token prompt's KV (134 MB)" in f.message
     assert "set kv_transfer.fabric to infiniband, roce or efa" in f.message
     assert "kvFabric" in f.message
 

@@ -32,8 +32,8 @@ def test_plan_prints_pools_memory_and_predictions(tmp_path: Path, capsys) -> Non
 def test_plan_over_tcp_names_the_handoff(tmp_path: Path, capsys) -> None:
     # The default fabric is TCP: a 1024-token KV of a 70B model (335 MB) takes about 0.9 s
     # between pods, which leaves no prefill plan inside a 1 s TTFT.
-    cfg = write_config(tmp_path, {"model": {"name": "llama-3-70b", "path": "meta-llama/Meta-Llama-3-70B",
-                                            "max_model_len": 8192}, "device": "cuda"})
+    model = {"name": "llama-3-70b", "path": "meta-llama/Meta-Llama-3-70B", "max_model_len": 8192}
+    cfg = write_config(tmp_path, {"model": model, "device": "cuda"})
     assert main(["plan", "-c", cfg, "--rate", "20", "--accelerator", "h200-141gb"]) == 1
     err = capsys.readouterr().err
     assert "no prefill parallelism meets the SLO" in err
