@@ -25,16 +25,13 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span
-
-from splitserve.config import DisaggregationConfig, StreamingConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
+from splitserve.router.calibration import Calibration
 from splitserve.router.coalescing import stream_interval
 from splitserve.router.errors import APIError, bad_request, server_error, unavailable
 from splitserve.router.forward import engine_request
 from splitserve.router.metrics import RouterMetrics
-from splitserve.router.pace import PaceMeter
-from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
+from splitserve.router.policy import PoolLoad, Prediction, PrefillPath, decide, pool_views
 from splitserve.router.retry import (
     classify,
     failed_replica,
@@ -42,8 +39,11 @@ from splitserve.router.retry import (
     rejection,
     retry_prefill,
 )
+from splitserve.router.routing.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
+from splitserve.router.routing.prefix_index import PrefixIndex
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
+from splitserve.router.tenancy.admission import Ticket
 from splitserve.router.tracing import (
     ATTEMPT,
     DECODE,
@@ -54,6 +54,8 @@ from splitserve.router.tracing import (
     FIRST_TOKEN,
     MIGRATION,
     NOOP_TRACING,
+    PREDICTED_TPOT,
+    PREDICTED_TTFT,
     PREFILL,
     PREFILL_ATTEMPT,
     PREFILL_ATTEMPTS,
@@ -66,14 +68,20 @@ from splitserve.router.tracing import (
     record_failure,
 )
 
+from splitserve.config import DisaggregationConfig, StreamingConfig
+from splitserve.engine.messages import GenerateChunk, GenerateRequest
+
 log = logging.getLogger("splitserve.router")
+
+# Block size of the router's record of what each pool holds (vLLM's default KV block).
+PREFIX_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 
 
 class Dispatcher:
     """Sends requests to pool handles; translates worker failures into `APIError`s.
 
-    `tpot_slo_s`: the deployment's TPOT target, for the conditional policy's slow-decode rule
-    (None: the rule is off and no pace is measured).
+    `tpot_slo_s`: the deployment's TPOT target, which the disaggregation rule keeps
+    (`router/policy.py`; None: no target, the lowest predicted TTFT wins).
     """
 
     def __init__(
@@ -98,18 +106,17 @@ class Dispatcher:
         self.signals = signals or SignalRecorder(pools)
         self.decode_migrations = decode_migrations
         self.replicas = dict(replicas or {})  # ready replicas per pool (the controller updates it)
-        # This replica's work in flight, for the policy: prompts waiting for or in a remote
+        # This replica's work in flight, for the rule: prompts waiting for or in a remote
         # prefill (until their handoff or fallback); prompts a pool prefills itself (until their
         # first token); whole requests offloaded to the prefill pool (until they end).
         self._remote = {"requests": 0, "tokens": 0}
         self._local_tokens = {"decode": 0, "prefill": 0}
         self._offloaded = 0
-        # What each pool's streams get now, per output token (the slow-decode rule's input),
-        # measured only where the rule can use it: a target given, the rule on, two pools.
         self.tpot_slo_s = tpot_slo_s
-        slow_decode_on = (bool(tpot_slo_s) and disagg.slow_decode_tpot_fraction > 0
-                          and "prefill" in pools)
-        self.pace = {pool: PaceMeter() for pool in pools} if slow_decode_on else {}
+        self.calibration = Calibration()
+        # What each pool was sent, to expect a prompt's cached tokens there (an approximation
+        # of the pools' prefix caches: the router's own record, pool-wide).
+        self.sent = PrefixIndex()
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
@@ -122,27 +129,36 @@ class Dispatcher:
             decode_streams=decode.in_flight + decode.queued,
             decode_replicas=self.replicas.get("decode", 1),
             prefill_streams=self._offloaded,
-            decode_pace_s=self._pace("decode"),
-            prefill_pace_s=self._pace("prefill"),
         )
 
-    def _pace(self, pool: str) -> float:
-        meter = self.pace.get(pool)
-        return 0.0 if meter is None else meter.pace()
+    def _hashes(self, req: GenerateRequest) -> tuple[int, ...]:
+        return block_hashes(req.prompt_token_ids, req.cache_salt or "",
+                            block_size=PREFIX_BLOCK_TOKENS)
 
-    def _path(self, req: GenerateRequest, load: PoolLoad) -> PrefillPath:
+    def _path(self, req: GenerateRequest, load: PoolLoad,
+              hashes: tuple[int, ...]) -> tuple[PrefillPath, Prediction | None]:
+        """The request's path, and the rule's prediction when the rule chose it."""
         if "prefill" not in self.pools:
-            return PrefillPath.COLOCATED
+            return PrefillPath.COLOCATED, None
         if not req.disaggregable:
-            return PrefillPath.MULTI_SEQUENCE
-        return prefill_path(
-            prompt_tokens=len(req.prompt_token_ids),
-            expected_cached_tokens=0,
-            load=load,
-            cfg=self.disagg,
-            max_tokens=req.sampling.max_tokens,
-            tpot_slo_s=self.tpot_slo_s,
-        )
+            return PrefillPath.MULTI_SEQUENCE, None
+        n_prompt = len(req.prompt_token_ids)
+        held = self.sent.matched_blocks(hashes, ("prefill", "decode"))
+        cached = {pool: blocks * PREFIX_BLOCK_TOKENS for pool, blocks in held.items()}
+        if self.disagg.prefill == "local" or (
+                n_prompt - cached["decode"] < self.disagg.min_remote_prompt_tokens):
+            return PrefillPath.LOCAL, None
+        if self.disagg.prefill == "remote":
+            return PrefillPath.REMOTE, None
+        costs = (self.calibration.engine_cost("prefill", "decode"),
+                 self.calibration.engine_cost("decode", "prefill"))
+        handoff = self.calibration.handoff_cost()
+        if costs[0] is None or costs[1] is None or handoff is None:
+            return PrefillPath.REMOTE, None  # not measured yet: take (and so measure) remote
+        views = pool_views(load, costs[0], costs[1], cached)
+        choice = decide(n_prompt, views["prefill"], views["decode"], handoff, self.tpot_slo_s,
+                        hop_s=self.calibration.hop_s)
+        return choice.path, choice
 
     def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
         """`req` with the tokens per streamed chunk that `pool`'s load calls for (counted)."""
@@ -166,7 +182,8 @@ class Dispatcher:
         request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
         load = self.load()  # one view of the pools for both decisions
-        path = self._path(req, load)
+        hashes = self._hashes(req) if "prefill" in self.pools else ()
+        path, predicted = self._path(req, load, hashes)
         n_prompt = len(req.prompt_token_ids)
         req = self._coalesced(req, path.pool, load)
         self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
@@ -175,27 +192,38 @@ class Dispatcher:
         span = self.tracing.start(DISPATCH, trace_context)
         if span.is_recording():
             span.set_attributes({PREFILL_PATH: path.value, PROMPT_TOKENS: n_prompt})
+            if predicted is not None:
+                span.set_attributes({PREDICTED_TTFT: predicted.ttft_s,
+                                     PREDICTED_TPOT: predicted.tpot_s})
+        if predicted is not None:
+            log.debug("request %s: %s, predicted TTFT %.1f ms, TPOT %.1f ms", req.request_id,
+                      path.value, 1e3 * predicted.ttft_s, 1e3 * predicted.tpot_s)
         parent = self.tracing.context_of(span)
         offloaded = path.pool == "prefill"
         self._offloaded += offloaded
+        start = time.perf_counter()
         try:
-            if path.remote:
-                self._remote["requests"] += 1
-                self._remote["tokens"] += n_prompt
-                try:
-                    handoff = await self._admitted_prefill(req, tenant, parent)
-                finally:
-                    self._remote["requests"] -= 1
-                    self._remote["tokens"] -= n_prompt
-                span.set_attribute(FALLBACK, handoff is None)
-                if handoff is not None:
-                    fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
-                    req = dataclasses.replace(
-                        req, kv_transfer_params=handoff.decode_request_params(fetch_by)
-                    )
-            async with aclosing(self._generate(path.pool, req, tenant, parent)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            # The generating pool's slot first: a request that decode cannot take is not
+            # prefilled (its gate answers 429/503 before any prefill starts).
+            async with self.tracing.admit(self.tenancy, path.pool, tenant, n_prompt,
+                                          parent) as ticket:
+                handed_at = None
+                if path.remote:
+                    req, handed_at = await self._remote_prefill(req, tenant, parent, span)
+                pulled = n_prompt  # prompt tokens decode lacks, as the handoff moves them
+                if hashes:
+                    held = self.sent.matched_blocks(hashes, ("decode",))["decode"]
+                    pulled = max(n_prompt - held * PREFIX_BLOCK_TOKENS, 0)
+                    self.sent.record(path.pool, hashes)  # its blocks are there from now on
+                    if handed_at is not None:
+                        self.sent.record("prefill", hashes)
+                async with aclosing(self._generate(path.pool, req, ticket, parent)) as chunks:
+                    first = True
+                    async for chunk in chunks:
+                        if first and chunk.token_ids:
+                            first = False
+                            self._first_token(path, predicted, start, handed_at, pulled)
+                        yield chunk
         except BaseException as err:
             record_failure(span, err)
             raise
@@ -203,11 +231,48 @@ class Dispatcher:
             self._offloaded -= offloaded
             span.end()
 
+    async def _remote_prefill(
+        self, req: GenerateRequest, tenant: Tenant, parent: Context | None, span: Span
+    ) -> tuple[GenerateRequest, float | None]:
+        """The prefill hop: `req` with its handoff and the time the handoff came back, or `req`
+        unchanged and None when the decode worker prefills instead (fallback)."""
+        n_prompt = len(req.prompt_token_ids)
+        self._remote["requests"] += 1
+        self._remote["tokens"] += n_prompt
+        try:
+            handoff = await self._admitted_prefill(req, tenant, parent)
+        finally:
+            self._remote["requests"] -= 1
+            self._remote["tokens"] -= n_prompt
+        span.set_attribute(FALLBACK, handoff is None)
+        if handoff is None:
+            return req, None
+        fetch_by = fetch_deadline(time.time(), self.disagg.kv_lease_s)
+        req = dataclasses.replace(req, kv_transfer_params=handoff.decode_request_params(fetch_by))
+        return req, time.perf_counter()
+
+    def _first_token(self, path: PrefillPath, predicted: Prediction | None, start: float,
+                     handed_at: float | None, pulled: int) -> None:
+        """Measure what the first token shows: the handoff's latency (remote), and how far the
+        rule's prediction was from the TTFT it got."""
+        now = time.perf_counter()
+        if handed_at is not None:
+            # the handoff is what came before decode's step that made the token
+            decode = self.calibration.engine_cost("decode", "prefill")
+            load = self.load()
+            step = 0.0 if decode is None else decode.step(
+                round(load.decode_streams / max(load.decode_replicas, 1)),
+                round(load.local_prefill_tokens / max(load.decode_replicas, 1)))
+            self.calibration.handoff_measured(pulled, now - handed_at - step)
+        if predicted is not None and predicted.ttft_s > 0:
+            self.metrics.ttft_prediction.labels(path=path.value).observe(
+                (now - start) / predicted.ttft_s)
+
     async def _generate(
-        self, pool: str, req: GenerateRequest, tenant: Tenant, parent: Context | None
+        self, pool: str, req: GenerateRequest, ticket: Ticket, parent: Context | None
     ) -> AsyncIterator[GenerateChunk]:
-        """`req`'s chunks, generated on `pool` behind that pool's fair admission gate, from its
-        prompt or from its KV handoff. Closing the iterator cancels the worker request."""
+        """`req`'s chunks, generated on `pool` under its admission `ticket`, from its prompt or
+        from its KV handoff. Closing the iterator cancels the worker request."""
         n_prompt = len(req.prompt_token_ids)
         # Prompt tokens the pool prefills itself count as its load until the first token.
         local = [0 if req.kv_transfer_params is not None else n_prompt]
@@ -219,26 +284,18 @@ class Dispatcher:
 
         start = time.perf_counter()
         self.signals.arrival(pool, n_prompt, req.sampling.max_tokens or 0)
-        first, n_out, last = None, 0, 0.0
-        pace = self.pace.get(pool)
+        first, n_out = None, 0
         try:
-            async with (
-                self.tracing.admit(self.tenancy, pool, tenant, n_prompt, parent) as ticket,
-                aclosing(self._migrating(pool, req, parent, start)) as chunks,
-            ):
+            async with aclosing(self._migrating(pool, req, parent, start)) as chunks:
                 async for chunk in chunks:
                     ticket.add_output(len(chunk.token_ids))
-                    # The clock is read for the first token, and per chunk only for a pace meter.
-                    if chunk.token_ids and (first is None or pace is not None):
-                        now = time.perf_counter()
-                        if first is None:
-                            first = now
-                            self.signals.first_token(pool, first - start)
-                            release_local()
-                        else:
-                            pace.add(now - last, len(chunk.token_ids))
-                        last = now
+                    if chunk.token_ids and first is None:
+                        first = time.perf_counter()
+                        self.signals.first_token(pool, first - start)
+                        release_local()
                     n_out += len(chunk.token_ids)
+                    if chunk.engine_cost is not None:
+                        self.calibration.engine_reported(pool, chunk.engine_cost)
                     yield chunk
             if first is not None:
                 self.signals.finished(pool, time.perf_counter() - first, n_out)
@@ -291,6 +348,7 @@ class Dispatcher:
         """One worker call on `pool`: its chunks, traced as the `hop` span (ended here).
         Closing the iterator cancels the worker request."""
         n_out, kv_bytes, last, first, first_ns, engine_ttft = 0, 0, None, None, None, None
+        sent = time.perf_counter()
         gen = self.pools[pool].options(stream=True).generate.remote(engine_request(req))
         try:
             async for chunk in gen:
@@ -307,6 +365,8 @@ class Dispatcher:
                 if chunk.engine_ttft_s is not None:
                     engine_ttft = chunk.engine_ttft_s
                     self.metrics.engine_ttft.labels(pool=pool, hop="generate").observe(engine_ttft)
+                    if first is not None:  # what the hop adds to the engine's own TTFT
+                        self.calibration.hop_measured(first - sent - engine_ttft)
                 n_out += len(chunk.token_ids)
                 last = chunk
                 yield chunk
@@ -418,6 +478,7 @@ class Dispatcher:
         try:
             async for chunk in gen:
                 params = chunk.kv_transfer_params or params
+                self.calibration.engine_reported("prefill", chunk.engine_cost)
                 if chunk.engine_ttft_s is not None:
                     self.metrics.engine_ttft.labels(pool="prefill", hop="prefill").observe(
                         chunk.engine_ttft_s)

@@ -138,10 +138,18 @@ class RouterMetrics:
         )
         self.disagg_reasons = Counter(
             "splitserve_disagg_reasons",
-            "Conditional disaggregation decisions by reason: remote, or local because the prompt "
-            "was short, the prefill queue full, or the prefill pool more backed up (spill), or the "
-            "whole request on a prefill replica because decode was the bottleneck (offload).",
+            "Disaggregation decisions by path: remote (prefill pool, KV handoff), local (whole on "
+            "decode), offload (whole on prefill), multi_sequence (several prompts or prompt "
+            "logprobs: whole on decode).",
             ["reason"],
+            registry=r,
+        )
+        self.ttft_prediction = Histogram(
+            "splitserve_ttft_prediction_ratio",
+            "Measured over predicted time to first token of the disaggregation rule's decisions, "
+            "by path (1: exact).",
+            ["path"],
+            buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
             registry=r,
         )
         self.stream_intervals = Counter(

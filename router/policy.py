@@ -1,76 +1,35 @@
-"""Pure routing decisions (no Ray, no I/O): unit-tested in milliseconds.
+"""Where a request's prompt is prefilled: one rule over live-measured costs (pure, no I/O).
 
-Conditional disaggregation decides, per request, where its prompt is prefilled: in the prefill
-pool (remote, the KV then moves to decode over NIXL) or on the decode worker itself (local).
+The rule: for each path a request can take, predict its time to first token and the time per
+output token of the streams it touches; take the path with the lowest predicted TTFT among those
+that keep the TPOT target, or, when none does, the one with the lowest predicted TPOT.
 
-1. A prompt with fewer uncached tokens than `min_remote_prompt_tokens` prefills locally on the
-   decode worker (`short`): the handoff's fixed cost (the KV pull and a second hop, about 256
-   prompt tokens' worth of prefill on the CPU engine, `handoff_cost_tokens`) outweighs the
-   prefill it would move (BENCHMARKS.md, session 13). With `short_prompts_either_pool` (off by default: on two CPU cores it
-   cost more than it gained, BENCHMARKS.md session 12) the whole request runs instead on the pool
-   with less work ahead of its first token, as on two colocated engines (`short` on decode,
-   `short_offload` on prefill; ties stay on decode).
-2. With `max_prefill_queue` prefills already waiting or running, the prompt prefills locally.
-3. With `spill_to_decode` on, the prompt prefills locally when that is the faster path: when
-   the prefill pool's backlog per replica (uncached prompt tokens waiting or being prefilled)
-   plus the handoff's own cost (`handoff_cost_tokens`: the KV pull and the second hop, in prompt
-   tokens' worth of time) exceeds the decode pool's backlog per replica (the prompts decode is
-   prefilling itself, plus `decode_stream_cost_tokens` for each stream it is decoding). So a
-   decode pool with spare capacity takes prompts itself, as a colocated engine would (what wins
-   on prefill-heavy load), the prefill pool takes them once decode is busier, and a decode pool
-   busy streaming keeps its steps free of prefill (what wins on decode-heavy load).
-
-Before all of these, a request whose output is short (`max_tokens` at most `short_output_tokens`)
-runs whole, prefill and decode, on the pool with less work ahead of its first token, as on two
-colocated engines: its few decode steps cost either pool little, while a remote prefill would
-make it wait in two queues (the prefill engine's, then the decode engine's) and pay the handoff.
-On long prompts with short outputs this keeps both engines prefilling, as colocation does,
-where the remote path left the decode engine prefilling the spilled half of the prompts behind
-its own queue (BENCHMARKS.md, session 10). Ties and a full prefill queue stay on decode. A request
-without `max_tokens` counts as long.
-
-Then the slow-decode rule, off by default (`slow_decode_tpot_fraction` 0): while the decode
-pool's streams get their tokens slower than that fraction of the TPOT SLO (their live pace,
-`router/pace.py`) and slower than the prefill pool's own streams, the prefill pool has fewer
-streams per replica, and the prefill queue is not full, the whole request (prefill and decode)
-runs on a prefill replica (`slow_decode`): a decode pool carries every stream that colocated
-engines would share, and the prefill engine is a full engine whose spare capacity could decode
-too. On two CPU cores it cost more than it gained (BENCHMARKS.md, session 12): the prefill
-engine's streams stall behind the remote prefills it also runs.
-
-Then, with `offload_to_prefill` on, the whole request (prefill and decode) runs on
-a prefill replica when the decode pool is the bottleneck: when the decode pool's streams per
-replica (at `decode_stream_cost_tokens` each) exceed the prefill pool's whole work per replica
-(its prefill backlog plus its own streams) by more than `offload_margin_tokens`. A prefill
-engine is a full engine: on decode-heavy load an idle prefill pool would otherwise leave its
-cores unused while every stream shares the decode engines. The rule looks at decode's streams
-only, not at the prompts it prefills itself, so that prompts keep going to the prefill pool
-while decode is busy prefilling; and the margin keeps the prefill pool mostly free for prefills.
+The paths: `remote` (prefill on a prefill replica, hand the KV to a decode replica over NIXL),
+`local` (the whole request on a decode replica) and `offload` (the whole request on a prefill
+replica). The inputs are measured while serving, never calibrated by hand: each engine's step
+cost (fixed, per decoding sequence, per prefilled token: vLLM's own iteration stats,
+`splitserve.engine.step_cost`), the handoff's cost against prompt length (measured by the router,
+`router/calibration.py`), the work each pool has queued, and the prompt tokens each side is
+expected to hold in its prefix cache. The simulator calls the same function with its hardware
+profile's figures (`controller/sim/engine.py`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
-from splitserve.config import DisaggregationConfig
-
 
 class PrefillPath(str, Enum):
-    """Where a prompt is prefilled, and why (the `reason` label of the decision counter)."""
+    """Where a prompt is prefilled (the `reason` label of the decision counter)."""
 
-    REMOTE = "remote"
-    SHORT = "short"  # too few uncached tokens for a handoff: whole on decode
-    SHORT_OFFLOAD = "short_offload"  # ... whole on prefill (the less loaded pool)
-    QUEUE_FULL = "queue_full"  # max_prefill_queue prefills in flight
-    SPILL = "spill"  # prefilling on decode is the faster path
+    REMOTE = "remote"  # prefill pool, then the KV moves to a decode replica
+    LOCAL = "local"  # the whole request on a decode replica
+    OFFLOAD = "offload"  # the whole request on a prefill replica
     COLOCATED = "colocated"  # no prefill pool deployed
-    OFFLOAD = "offload"  # the whole request runs on a prefill replica: decode is the bottleneck
-    SHORT_OUTPUT = "short_output"  # a short output runs whole on decode (the less loaded pool)
-    SHORT_OUTPUT_OFFLOAD = "short_output_offload"  # ... whole on prefill (the less loaded pool)
-    SLOW_DECODE = "slow_decode"  # whole on prefill: decode's streams are slower than the limit
-    # several output sequences (n, beam search) or prompts in one request: whole on decode, one
-    # prefill on one engine for all of them (vLLM's server hands off one prompt's KV)
+    # several prompts in one request, or prompt logprobs: whole on decode (one engine must run
+    # every prompt it answers for)
     MULTI_SEQUENCE = "multi_sequence"
 
     @property
@@ -81,26 +40,70 @@ class PrefillPath(str, Enum):
     @property
     def pool(self) -> str:
         """The pool that generates the request's tokens."""
-        return "prefill" if self in _WHOLE_ON_PREFILL else "decode"
+        return "prefill" if self is PrefillPath.OFFLOAD else "decode"
 
 
-_WHOLE_ON_PREFILL = frozenset(
-    {PrefillPath.OFFLOAD, PrefillPath.SHORT_OUTPUT_OFFLOAD, PrefillPath.SLOW_DECODE,
-     PrefillPath.SHORT_OFFLOAD}
-)
+@dataclass(frozen=True)
+class EngineCost:
+    """One engine's step time: `step_s + per_seq_s * seqs + per_token_s * prefill tokens`, with
+    at most `chunk_tokens` tokens scheduled per step (vLLM's `max_num_batched_tokens`)."""
+
+    step_s: float
+    per_seq_s: float
+    per_token_s: float
+    chunk_tokens: int
+
+    def step(self, seqs: int, prefill_tokens: int = 0) -> float:
+        """One step with `seqs` decoding sequences and up to a chunk of prefill beside them."""
+        chunk = min(prefill_tokens, max(self.chunk_tokens - seqs, 1))
+        return self.step_s + self.per_seq_s * seqs + self.per_token_s * chunk
+
+    def prefill_s(self, tokens: int, seqs: int) -> float:
+        """Time to prefill `tokens` while `seqs` sequences decode beside them (chunked)."""
+        if tokens <= 0:
+            return self.step(seqs)
+        steps = math.ceil(tokens / max(self.chunk_tokens - seqs, 1))
+        return tokens * self.per_token_s + steps * (self.step_s + self.per_seq_s * seqs)
+
+
+@dataclass(frozen=True)
+class HandoffCost:
+    """What a remote prefill adds between the prefill and decode's first step: the hop to
+    decode and the KV pull of the tokens decode lacks; `fixed_s + per_token_s * tokens`."""
+
+    fixed_s: float
+    per_token_s: float
+
+    def __call__(self, tokens: int) -> float:
+        return self.fixed_s + self.per_token_s * max(tokens, 0)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """One pool as the deciding router sees it, per replica.
+
+    streams: sequences decoding on one replica. prefill_tokens: uncached prompt tokens queued
+    or prefilling on one replica. cached_tokens: this prompt's tokens expected in the pool's
+    prefix cache. wait_s: expected wait for a slot before the request is admitted (0 when one
+    is free). cost: the pool's measured step cost.
+    """
+
+    cost: EngineCost
+    streams: float = 0.0
+    prefill_tokens: float = 0.0
+    cached_tokens: int = 0
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class PoolLoad:
     """What one router replica sees of the two pools when it decides (its own traffic only).
 
-    prefill_requests: prefills waiting at or admitted through the prefill gate.
-    prefill_tokens: the uncached prompt tokens of those.
-    local_prefill_tokens: prompt tokens of requests prefilling on decode, until their first token.
-    decode_streams: requests waiting at or admitted through the decode gate.
-    prefill_streams: whole requests offloaded to the prefill pool, until they finish.
-    decode_pace_s, prefill_pace_s: seconds per output token each pool's streams are getting now
-        (`router/pace.py`); 0.0 without recent tokens.
+    prefill_requests: prompts waiting for or in a remote prefill. prefill_tokens: the prompt
+    tokens the prefill pool prefills for it (remote prefills, whole requests sent there) until
+    their first token. local_prefill_tokens: the same on the decode pool. decode_streams:
+    requests holding or waiting for a decode slot. prefill_streams: whole requests on the
+    prefill pool, until they finish.
     """
 
     prefill_requests: int = 0
@@ -110,81 +113,82 @@ class PoolLoad:
     decode_streams: int = 0
     decode_replicas: int = 1
     prefill_streams: int = 0
-    decode_pace_s: float = 0.0
-    prefill_pace_s: float = 0.0
 
 
-def prefill_backlog(load: PoolLoad, cfg: DisaggregationConfig) -> float:
-    """Token-equivalents of work ahead of a new remote prefill, per prefill replica."""
-    work = load.prefill_tokens + load.prefill_streams * cfg.decode_stream_cost_tokens
-    return work / max(load.prefill_replicas, 1)
+def pool_views(load: PoolLoad, prefill: EngineCost, decode: EngineCost,
+               cached: dict[str, int]) -> dict[str, PoolView]:
+    """Per-replica views of both pools for `predict`, from the router's counts, the pools'
+    measured step costs and the prompt tokens each pool is expected to hold (`cached`)."""
+    p_reps, d_reps = max(load.prefill_replicas, 1), max(load.decode_replicas, 1)
+    return {
+        "prefill": PoolView(prefill, streams=load.prefill_streams / p_reps,
+                            prefill_tokens=load.prefill_tokens / p_reps,
+                            cached_tokens=cached.get("prefill", 0)),
+        "decode": PoolView(decode, streams=load.decode_streams / d_reps,
+                           prefill_tokens=load.local_prefill_tokens / d_reps,
+                           cached_tokens=cached.get("decode", 0)),
+    }
 
 
-def decode_backlog(load: PoolLoad, cfg: DisaggregationConfig) -> float:
-    """Token-equivalents of work ahead of a new local prefill, per decode replica."""
-    work = load.local_prefill_tokens + load.decode_streams * cfg.decode_stream_cost_tokens
-    return work / max(load.decode_replicas, 1)
+@dataclass(frozen=True)
+class Prediction:
+    """A path's predicted time to first token, and the longest gap between tokens it brings:
+    its own stream's on the engine that decodes it, or the streams' on the engine that
+    prefills its prompt."""
+
+    path: PrefillPath
+    ttft_s: float
+    tpot_s: float
 
 
-def decode_stream_load(load: PoolLoad, cfg: DisaggregationConfig) -> float:
-    """The decode pool's streams per replica, in token-equivalents."""
-    return load.decode_streams * cfg.decode_stream_cost_tokens / max(load.decode_replicas, 1)
+def predict(prompt_tokens: int, prefill: PoolView, decode: PoolView,
+            handoff: HandoffCost, hop_s: float = 0.0) -> list[Prediction]:
+    """The three paths' predictions (remote, local, offload) for a prompt of `prompt_tokens`.
 
-
-def _prefill_less_loaded(load: PoolLoad, cfg: DisaggregationConfig) -> bool:
-    """A whole request would start sooner on prefill: less work ahead there, room in its queue."""
-    return load.prefill_requests < cfg.max_prefill_queue and (
-        prefill_backlog(load, cfg) < decode_backlog(load, cfg)
-    )
-
-
-def slow_decode(load: PoolLoad, cfg: DisaggregationConfig, tpot_slo_s: float | None) -> bool:
-    """True when decode's streams are slower than the limit and than the prefill pool's, and
-    the prefill pool has fewer streams per replica (a burst that arrives before the paces move
-    then alternates between the pools instead of landing on prefill all at once)."""
-    if not tpot_slo_s or cfg.slow_decode_tpot_fraction <= 0:
-        return False
-    limit = cfg.slow_decode_tpot_fraction * tpot_slo_s
-    fewer = (load.prefill_streams / max(load.prefill_replicas, 1)
-             < load.decode_streams / max(load.decode_replicas, 1))
-    return load.decode_pace_s > limit and load.prefill_pace_s < load.decode_pace_s and fewer
-
-
-def prefill_path(
-    *,
-    prompt_tokens: int,
-    expected_cached_tokens: int,
-    load: PoolLoad,
-    cfg: DisaggregationConfig,
-    max_tokens: int | None = None,
-    tpot_slo_s: float | None = None,
-) -> PrefillPath:
-    """Where this prompt prefills (see the module docstring for the rule).
-
-    max_tokens: the request's output limit; None (no limit given) counts as a long output.
-    tpot_slo_s: the deployment's TPOT target (`slo.tpot_ms`); None turns the slow-decode rule off.
+    TPOT is the gap between a stream's tokens while the engine prefills beside it (a step with
+    a chunk of prompt tokens): streams must keep the target token by token, not on average.
+    `hop_s`: the router's hop to an engine and back, paid once on every path; the remote
+    path's second hop is in `handoff`.
     """
-    if max_tokens is not None and max_tokens <= cfg.short_output_tokens:
-        if _prefill_less_loaded(load, cfg):
-            return PrefillPath.SHORT_OUTPUT_OFFLOAD
-        return PrefillPath.SHORT_OUTPUT
-    if load.prefill_requests < cfg.max_prefill_queue and slow_decode(load, cfg, tpot_slo_s):
-        return PrefillPath.SLOW_DECODE
-    if (
-        cfg.offload_to_prefill
-        and load.prefill_requests < cfg.max_prefill_queue
-        and decode_stream_load(load, cfg) > prefill_backlog(load, cfg) + cfg.offload_margin_tokens
-    ):
-        return PrefillPath.OFFLOAD
-    uncached = max(prompt_tokens - expected_cached_tokens, 0)
-    if uncached < cfg.min_remote_prompt_tokens:
-        if cfg.short_prompts_either_pool and _prefill_less_loaded(load, cfg):
-            return PrefillPath.SHORT_OFFLOAD
-        return PrefillPath.SHORT
-    if load.prefill_requests >= cfg.max_prefill_queue:
-        return PrefillPath.QUEUE_FULL
-    if cfg.spill_to_decode and (
-        prefill_backlog(load, cfg) + cfg.handoff_cost_tokens > decode_backlog(load, cfg)
-    ):
-        return PrefillPath.SPILL
-    return PrefillPath.REMOTE
+    p_new = max(prompt_tokens - prefill.cached_tokens, 0)
+    d_new = max(prompt_tokens - decode.cached_tokens, 0)
+    p_cost, d_cost = prefill.cost, decode.cost
+    p_seqs, d_seqs = int(prefill.streams), int(decode.streams)
+    p_ahead, d_ahead = int(prefill.prefill_tokens), int(decode.prefill_tokens)
+    p_prefill = p_cost.prefill_s(p_ahead + p_new, p_seqs)
+
+    def stalls(cost: EngineCost, seqs: int, tokens: int) -> float:
+        """The gap of the streams already on an engine while it prefills `tokens` more."""
+        return cost.step(seqs, tokens) if seqs else 0.0
+
+    # Its own stream's gap on the engine that decodes it, beside the prefill queued there (a
+    # prefill engine's queue is full chunks whenever it serves remote prefills), and what its
+    # new prompt tokens do to the streams of the engine that prefills them.
+    joins = d_cost.step(d_seqs + 1, d_ahead)  # decode's step once the request is in its batch
+    remote_ttft = hop_s + prefill.wait_s + p_prefill + decode.wait_s + handoff(d_new) + joins
+    remote_tpot = max(joins, stalls(p_cost, p_seqs, p_new))
+    local_ttft = hop_s + decode.wait_s + d_cost.prefill_s(d_ahead + d_new, d_seqs)
+    local_tpot = max(joins, stalls(d_cost, d_seqs, d_new))
+    offload_ttft = hop_s + prefill.wait_s + p_prefill
+    offload_tpot = max(p_cost.step(p_seqs + 1, p_cost.chunk_tokens),
+                       stalls(p_cost, p_seqs, p_new))
+    return [
+        Prediction(PrefillPath.REMOTE, remote_ttft, remote_tpot),
+        Prediction(PrefillPath.LOCAL, local_ttft, local_tpot),
+        Prediction(PrefillPath.OFFLOAD, offload_ttft, offload_tpot),
+    ]
+
+
+def choose(predictions: list[Prediction], tpot_slo_s: float | None) -> Prediction:
+    """The rule: the lowest predicted TTFT among paths that keep `tpot_slo_s` (None: all do);
+    when none does, the lowest predicted TPOT. Ties go to the earlier path in the list."""
+    keep = [p for p in predictions if tpot_slo_s is None or p.tpot_s <= tpot_slo_s]
+    if keep:
+        return min(keep, key=lambda p: p.ttft_s)
+    return min(predictions, key=lambda p: (p.tpot_s, p.ttft_s))
+
+
+def decide(prompt_tokens: int, prefill: PoolView, decode: PoolView, handoff: HandoffCost,
+           tpot_slo_s: float | None, hop_s: float = 0.0) -> Prediction:
+    """Where this prompt is prefilled, with its predicted TTFT: `choose` over `predict`."""
+    return choose(predict(prompt_tokens, prefill, decode, handoff, hop_s), tpot_slo_s)

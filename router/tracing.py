@@ -68,13 +68,14 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-from splitserve.config import TracingConfig
 from splitserve.router.request_end import RequestEnd
 
+from splitserve.config import TracingConfig
+
 if TYPE_CHECKING:
-    from splitserve.engine.messages import GenerateChunk, GenerateRequest
     from splitserve.router.tenancy import Tenancy, Tenant, Ticket
+
+    from splitserve.engine.messages import GenerateChunk, GenerateRequest
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ QUEUE_WAIT = "splitserve.queue_wait_s"
 QUEUE_DEPTH = "splitserve.queue_depth"
 PROMPT_TOKENS = "splitserve.prompt_tokens"
 PREFILL_PATH = "splitserve.prefill_path"
+PREDICTED_TTFT = "splitserve.predicted_ttft_s"  # the disaggregation rule's prediction
+PREDICTED_TPOT = "splitserve.predicted_tpot_s"
 MIGRATION = "splitserve.decode.migration"  # on a decode span: which continuation it is
 PREFILL_REMOTE = "splitserve.prefill.remote"  # decode got the KV from a remote prefill
 PREFILL_ATTEMPTS = "splitserve.prefill.attempts"

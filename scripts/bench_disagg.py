@@ -9,30 +9,16 @@ Configurations, deployed one after another on this machine (Ray in this process,
 `tests.conftest.running_deployment`, on a free port), each with two engines:
 
     disagg       1 prefill + 1 decode worker, every prompt prefilled remotely
-                 (mode disaggregated, min_remote_prompt_tokens 0, short_output_tokens 0,
-                 spill_to_decode and offload_to_prefill off)
+                 (mode disaggregated, disaggregation.prefill remote)
     colocated    2 colocated workers (mode colocated, pools.decode.replicas 2)
     colocated-nixl  2 colocated workers whose engines carry vLLM's NIXL connector as
                  disaggregated engines do (no KV ever moves): the connector's cost in a
                  deployment, side by side with `colocated` (a measurement, not a mode)
-    conditional  1 prefill + 1 decode worker with the default policy (router/policy.py):
-                 requests with at most `short_output_tokens` (32) output tokens run whole
-                 on the less loaded worker; others prefill remotely when their prompt has
-                 at least `min_remote_prompt_tokens` (256) tokens, on the decode worker
-                 when that is the faster path
-    conditional-slow  the default policy, and while decode's streams get their tokens slower
-                 than half the TPOT SLO (and than prefill's), whole requests run on the
-                 prefill worker (disaggregation.slow_decode_tpot_fraction 0.5, off by default)
-    conditional-either  the default policy, and prompts under 256 tokens run whole on the
-                 less loaded worker (min_remote_prompt_tokens 256, short_prompts_either_pool)
-    conditional-remote128  the default policy with prompts of 128 tokens and more prefilled
-                 remotely (min_remote_prompt_tokens 128, the default before session 13)
-    conditional-byprompt  the default policy without the short-output rule (short_output_tokens
-                 0; the default before session 11): the path by the prompt alone
-    conditional-offload  conditional, and whole requests run on the prefill worker when
-                 decode is the bottleneck (disaggregation.offload_to_prefill, off by default)
-    conditional-streams512  conditional with each decoding stream counted as 512 prompt
-                 tokens of decode backlog (disaggregation.decode_stream_cost_tokens, default 64)
+    conditional  1 prefill + 1 decode worker with the default rule (router/policy.py): per
+                 request the path with the lowest predicted TTFT that keeps the TPOT SLO,
+                 from costs measured while serving
+    conditional-remote128  the rule with a floor: prompts under 128 tokens run on decode
+                 (disaggregation.min_remote_prompt_tokens 128)
     conditional-chunk512, colocated-chunk512  with a 512-token step budget on the decode
                  engines (pools.decode.max_num_batched_tokens; vLLM's CPU default 2048)
     <any>-per-token  that configuration without adaptive token coalescing (router.streaming:
@@ -101,48 +87,24 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from splitserve.bench.client import Target  # noqa: E402
-from splitserve.bench.plots import plot_sweeps  # noqa: E402
-from splitserve.bench.report import format_sweep, write_json  # noqa: E402
-from splitserve.bench.runner import BenchConfig, run_sweep, run_warmup  # noqa: E402
-from splitserve.bench.stats import SLO  # noqa: E402
-from splitserve.bench.workload import LengthSpec, WorkloadSpec  # noqa: E402
-from tests.conftest import running_deployment, test_config  # noqa: E402
+from splitserve.bench.client import Target
+from splitserve.bench.plots import plot_sweeps
+from splitserve.bench.report import format_sweep, write_json
+from splitserve.bench.runner import BenchConfig, run_sweep, run_warmup
+from splitserve.bench.stats import SLO
+from splitserve.bench.workload import LengthSpec, WorkloadSpec
+from tests.conftest import running_deployment, test_config
 
 PRESETS = {
     "long-prompt-short-output": {"prompt_len": "1536", "output_len": "16"},
     "short-prompt-long-output": {"prompt_len": "128", "output_len": "256"},
 }
 CONFIGS = {
-    "disagg": {
-        "mode": "disaggregated",
-        "disaggregation.min_remote_prompt_tokens": 0,
-        "disaggregation.spill_to_decode": False,
-        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-        "disaggregation.offload_to_prefill": False,
-        "disaggregation.slow_decode_tpot_fraction": 0,
-    },
+    "disagg": {"mode": "disaggregated", "disaggregation.prefill": "remote"},
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "conditional": {"mode": "disaggregated"},
-    # the default policy with the slow-decode rule on (off by default)
-    "conditional-slow": {"mode": "disaggregated", "disaggregation.slow_decode_tpot_fraction": 0.5},
-    # prompts under 256 tokens run whole on the less loaded worker (off by default)
-    "conditional-either": {
-        "mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 256,
-        "disaggregation.short_prompts_either_pool": True,
-    },
-    # the default before session 13: the decode-heavy mix's 128-token prompts take the handoff
     "conditional-remote128": {
         "mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 128,
-    },
-    # the default policy without its short-output rule, as before session 11
-    "conditional-byprompt": {"mode": "disaggregated", "disaggregation.short_output_tokens": 0},
-    # the default policy plus whole requests on an idle prefill engine (off by default)
-    "conditional-offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
-    # the default policy with each decoding stream counted as 512 prompt tokens (default 64)
-    # when the spill rule compares the pools: fewer prompts prefill beside busy streams
-    "conditional-streams512": {
-        "mode": "disaggregated", "disaggregation.decode_stream_cost_tokens": 512,
     },
     # a 512-token step budget on the decode engines (chunked prefill; vLLM's CPU default 2048)
     "conditional-chunk512": {"mode": "disaggregated", "pools.decode.max_num_batched_tokens": 512},

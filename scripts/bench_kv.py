@@ -4,7 +4,7 @@
         [--max-tokens 4] [--copy-repeats 30] [--skip-colocated] [--seed 0] [--out bench-results/kv]
 
 1. Disaggregated deployment (1 prefill + 1 decode worker, each on a core of its own,
-   `disaggregation.min_remote_prompt_tokens 0` and `spill_to_decode` off, Ray in this process
+   `disaggregation.prefill: remote`, Ray in this process
    through `tests.conftest.running_deployment`). For each prompt length, after `--warmup` unmeasured
    rounds, `--repeats` rounds of two sequential requests, each with a fresh random prompt (no
    prefix-cache hit is possible between repeats):
@@ -56,10 +56,7 @@ MODEL = "splitserve-tiny"
 DISAGG = {
     "mode": "disaggregated",
     "disaggregation.min_remote_prompt_tokens": 0,
-    "disaggregation.spill_to_decode": False,
-    "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-    "disaggregation.offload_to_prefill": False,
-    "disaggregation.slow_decode_tpot_fraction": 0,
+    "disaggregation.prefill": "remote",  # every prompt takes the NIXL path
 }
 COLOCATED = {"mode": "colocated"}
 STATS_WAIT_S = 2.0  # the stat logger records a step's connector stats just after the step

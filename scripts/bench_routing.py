@@ -7,7 +7,7 @@
 
 Part `prefix` (two deployments, one after the other, Ray in this process through
 `tests.conftest.running_deployment`): mode disaggregated with 2 prefill replicas and 1 decode
-replica, `placement.share_cores` on (3 engines on a 2-core machine), `spill_to_decode` off (every
+replica, `placement.share_cores` on (3 engines on a 2-core machine), `disaggregation.prefill: remote` (every
 prompt goes through the prefill pool, whose routing is measured), one deployment per prefill
 routing policy (`router.routing.prefill` = prefix_aware, then round_robin; routing block size
 128 = the CPU engine's KV block). `--tenants` tenants with API keys; each has a long system
@@ -309,10 +309,7 @@ def run_policy(
             "pools.prefill.replicas": 2,
             "placement.share_cores": True,
             # every prompt through the prefill pool: this part measures its routing
-            "disaggregation.spill_to_decode": False,
-            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-            "disaggregation.offload_to_prefill": False,
-            "disaggregation.slow_decode_tpot_fraction": 0,
+            "disaggregation.prefill": "remote",  # every prompt takes the NIXL path
             "router.routing.prefill": policy,
             "router.routing.block_size": ENGINE_BLOCK,
             "tenants": tenants_config(keys),

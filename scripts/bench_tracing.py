@@ -7,7 +7,7 @@ and at 100 %, every recorded span exported over OTLP/HTTP.
 
 One deployment per variant, started in turn (off, 5 %, 100 %, then again for each further round,
 so slow drifts of the shared machine hit every variant alike): mode disaggregated, one prefill
-and one decode engine, `spill_to_decode` and `offload_to_prefill` off and a `--prompt-len`-token
+and one decode engine, `disaggregation.prefill: remote` and a `--prompt-len`-token
 prompt (`min_remote_prompt_tokens` 0), so every request takes the whole remote path and
 records the most spans: root, admission, dispatch, prefill hop, KV transfer, decode hop. The
 traced variants export to an OTLP/HTTP sink run by this script on 127.0.0.1 (a stand-in for a
@@ -130,11 +130,8 @@ def variant_config(ratio: float | None, endpoint: str):
     """The benchmark deployment with tracing off (`ratio` None) or sampled at `ratio`."""
     overrides: dict[str, Any] = {
         "mode": "disaggregated",
-        "disaggregation.spill_to_decode": False,
+        "disaggregation.prefill": "remote",  # every prompt takes the NIXL path
         "disaggregation.min_remote_prompt_tokens": 0,  # every prompt takes the handoff
-        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-        "disaggregation.offload_to_prefill": False,
-        "disaggregation.slow_decode_tpot_fraction": 0,
     }
     if ratio is not None:
         overrides["tracing"] = {"enabled": True, "sample_ratio": ratio, "otlp_endpoint": endpoint}

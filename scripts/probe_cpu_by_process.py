@@ -28,7 +28,6 @@ from tests.conftest import running_deployment, test_config
 MODES = {
     "colocated": {"mode": "colocated", "pools.decode.replicas": 2},
     "disaggregated": {"mode": "disaggregated"},
-    "offload": {"mode": "disaggregated", "disaggregation.offload_to_prefill": True},
 }
 
 

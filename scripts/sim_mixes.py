@@ -8,7 +8,7 @@ For every mix (`controller/sim/mixes.py`: chat 512/256, summarization 4096/128, 
 rag 2048/256, short 128/64 mean prompt / output tokens) and every `--slo` (TTFT ms / TPOT ms),
 a steady trace runs on three fixed deployments sized by the planner: colocated, disaggregated
 (every prompt remote) and conditional (the disaggregated pools, each prompt routed by the
-router's `prefill_path` with the default config's `disaggregation` settings plus `--set`,
+router's rule (`decide`) with the default config's `disaggregation` settings plus `--set`,
 with one router replica per 50 req/s unless `--router-replicas`: each replica's policy sees only
 its own share of the work in flight).
 Prints a markdown table: goodput per device (SLO attainment, devices held), the plans, and the

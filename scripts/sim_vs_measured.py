@@ -12,7 +12,7 @@ For every `<config>/<preset>/rate-<r>/summary.json` under --measured, the simula
   conditional: 1 + 1 with the default policy), then the `--set` overrides, each engine one
   core of the calibrated `cpu` profile, the engine limits the config sets (max_num_seqs, 1 GiB
   of KV) and the run's SLO. `--set` replays a run made under older defaults: e.g. a run from
-  before `offload_to_prefill` existed needs `--set disaggregation.offload_to_prefill=false`;
+  before the one-rule policy (session 15) needs `--set disaggregation.prefill=remote` for its remote runs;
 - requests: `--arrivals recorded` (default) replays the run's own schedule from requests.jsonl
   (send offsets, prompt and output lengths; rebuilt from the summary's seed when the file is
   missing); `--arrivals poisson` draws `--seeds` fresh Poisson schedules of the same size and
@@ -264,7 +264,7 @@ def format_table(result: dict) -> str:
 
 
 def _paths(paths: dict[str, int], runs: int) -> str:
-    """The policy's decisions per run, e.g. `remote 21, spill 9` (empty for colocated)."""
+    """The policy's decisions per run, e.g. `remote 21, local 9` (empty for colocated)."""
     return ", ".join(f"{path} {k / runs:g}" for path, k in sorted(paths.items()))
 
 

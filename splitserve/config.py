@@ -295,6 +295,15 @@ class RouterConfig(_Strict):
         "it is already streaming).",
     )
     health_timeout_s: float = Field(2.0, gt=0)
+    shutdown_grace_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM or Ctrl-C, `splitserve serve` refuses new requests (503) and "
+        "gives those in flight this long to finish; then a stream ends with an error event, a "
+        "whole response is a 503, and Serve, the engines and Ray stop. The chart sets the pods' "
+        "terminationGracePeriodSeconds to this plus a teardown margin.",
+    )
     decode_migrations: int = Field(
         1,
         ge=0,
@@ -307,87 +316,26 @@ class RouterConfig(_Strict):
 
 
 class DisaggregationConfig(_Strict):
-    """When a request's prefill goes to the prefill pool instead of running on the decode worker.
+    """Where each request's prompt is prefilled, and how a remote prefill is retried.
 
-    A remote prefill costs a fixed handoff (KV transfer setup, a second hop); it pays only for
-    prompts long enough that prefill interferes with other requests' decode steps.
+    `prefill: auto` (the default) applies one rule per request (router/policy.py): the path
+    (remote prefill then KV handoff, the whole request on a decode replica, or on a prefill
+    replica) with the lowest predicted time to first token that keeps `slo.tpot_ms`. Its inputs
+    are measured while serving: the engines' step costs, the handoff's latency, the pools' queues
+    and their prefix caches. Nothing here is a hardware calibration.
     """
 
+    prefill: Literal["auto", "remote", "local"] = Field(
+        "auto",
+        description="auto: the rule above. remote: every request that can be disaggregated "
+        "prefills in the prefill pool (the decode worker still prefills when the prefill pool "
+        "fails). local: every request runs whole on a decode replica (the prefill pool idles).",
+    )
     min_remote_prompt_tokens: int = Field(
-        256,
+        0,
         ge=0,
-        description="Prompts with fewer uncached tokens prefill locally, on the decode worker. "
-        "The default is the CPU engine's handoff cost (`handoff_cost_tokens`): a shorter "
-        "prompt's handoff costs more than the prefill it moves (BENCHMARKS.md, session 13). "
-        "With RDMA on GPUs set both lower, down to one KV block (16 tokens).",
-    )
-    short_prompts_either_pool: bool = Field(
-        False,
-        description="A request whose prompt is too short for a handoff runs whole on the pool "
-        "with less work ahead of its first token (`short` / `short_offload`), as on two "
-        "colocated engines. Off (the default): it prefills and decodes on the decode worker; "
-        "on two CPU cores, whole requests on both engines of a disaggregated deployment cost "
-        "more than on colocated engines (BENCHMARKS.md, session 12).",
-    )
-    max_prefill_queue: int = Field(
-        64, ge=1, description="Above this many prefills in flight, new prompts prefill locally."
-    )
-    spill_to_decode: bool = Field(
-        True,
-        description="Prefill on the decode worker when that is the faster path: the prefill "
-        "pool's backlog per replica plus the handoff's cost exceeds the decode pool's "
-        "(router/policy.py). Off: every long-enough prompt goes remote until `max_prefill_queue`.",
-    )
-    handoff_cost_tokens: int = Field(
-        256,
-        ge=0,
-        description="What a remote prefill's handoff (KV pull, second hop) costs in prompt tokens "
-        "of prefill time, when the two paths are compared. The default fits the CPU engine: its "
-        "handoff takes about 100 ms, in which it prefills about 300 tokens. With RDMA on GPUs the "
-        "handoff is a few ms: set it lower.",
-    )
-    decode_stream_cost_tokens: int = Field(
-        64,
-        ge=0,
-        description="What one stream decoding on a decode replica counts as in prompt tokens, "
-        "when its backlog is compared with the prefill pool's. Higher keeps prefill off busy "
-        "decode workers (lower TPOT, higher TTFT).",
-    )
-    short_output_tokens: int = Field(
-        32,
-        ge=0,
-        description="Requests with `max_tokens` at most this run whole (prefill and decode) on the "
-        "pool with less work ahead of their first token, as on colocated engines: for a short "
-        "output the handoff and a second queue cost more than keeping a few decode steps off the "
-        "decode pool (router/policy.py; BENCHMARKS.md, long prompts with short outputs). "
-        "0: off, every request takes the rules below.",
-    )
-    slow_decode_tpot_fraction: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="While the decode pool's streams get their tokens slower than this fraction "
-        "of `slo.tpot_ms` (live, as the router sees them) and slower than the prefill pool's "
-        "streams, whole requests run on a prefill replica (router/policy.py, slow_decode): the "
-        "prefill engine's spare capacity decodes too, as a second colocated engine would. 0 (the "
-        "default): off; on two CPU cores it cost more than it gained (BENCHMARKS.md, session 12): "
-        "a prefill engine's streams stall behind the remote prefills it also runs.",
-    )
-    offload_to_prefill: bool = Field(
-        False,
-        description="Run whole requests on a prefill replica when the decode pool is the "
-        "bottleneck: its streams per replica (at `decode_stream_cost_tokens` each) exceed the "
-        "prefill pool's work per replica by more than `offload_margin_tokens` "
-        "(router/policy.py). Off: prefill replicas only ever prefill.",
-    )
-    offload_margin_tokens: int = Field(
-        64,
-        ge=0,
-        description="How much more loaded (in token-equivalents per replica) the decode pool must "
-        "be than the prefill pool before a request is offloaded. The default is one stream: ties "
-        "stay on decode, and otherwise streams balance within one, since on the CPU engine TPOT "
-        "grows steeply with the streams per engine (BENCHMARKS.md). Higher keeps the prefill "
-        "pool freer for prefills (lower TTFT of remote prompts) at the cost of decode throughput.",
+        description="An optional floor: prompts with fewer uncached tokens than this run whole on "
+        "a decode replica whatever the rule predicts. 0 (the default): no floor.",
     )
     prefill_attempts: int = Field(
         2, ge=1, le=8,

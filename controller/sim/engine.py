@@ -11,13 +11,12 @@ step -> last token. Colocated: the same pool prefills (pausing its decode; the p
 samples the first token) and decodes.
 
 With `routing` (a deployment's `DisaggregationConfig`), each disaggregated arrival asks the
-router's own `prefill_path` (router/policy.py) where it goes, with a `PoolLoad` counted from the
-simulated pools exactly as the dispatcher counts its own (`router/dispatch.py`): REMOTE as above;
-SHORT, QUEUE_FULL and SPILL prefill on a decode replica, which pauses its decode for the prompt
-as a colocated replica does, and so does SHORT_OUTPUT; OFFLOAD, SHORT_OUTPUT_OFFLOAD and
-SLOW_DECODE run the whole request on a prefill replica, which then decodes it too. A pool's live
-pace (the slow-decode rule's input, with `tpot_slo_s`) is its decoding replicas' mean step time.
-Without `routing` every prompt goes remote (the planner's pure disaggregation).
+router's own rule (`decide`, router/policy.py) where it goes, with a `PoolLoad` counted from the
+simulated pools exactly as the dispatcher counts its own (`router/dispatch.py`) and the costs the
+router would measure taken from the profile (`profile_costs`): REMOTE as above; LOCAL prefills
+on a decode replica, which pauses its decode for the prompt as a colocated replica does; OFFLOAD
+runs the whole request on a prefill replica, which then decodes it too. Without `routing` every
+prompt goes remote (the planner's pure disaggregation).
 """
 
 from __future__ import annotations
@@ -32,7 +31,14 @@ from splitserve.controller.control import Controller
 from splitserve.controller.sim.pool import Pool, PoolSpec
 from splitserve.controller.sim.replica import DRAINING, STARTING, Replica
 from splitserve.controller.sim.trace import Trace
-from splitserve.router.policy import PoolLoad, PrefillPath, prefill_path
+from splitserve.router.policy import (
+    EngineCost,
+    HandoffCost,
+    PoolLoad,
+    PrefillPath,
+    decide,
+    pool_views,
+)
 
 from splitserve.config import DisaggregationConfig
 
@@ -46,7 +52,7 @@ class Simulation:
     with (None: every prompt is prefilled remotely). `router_replicas`: how many router
     replicas share the traffic; each decides with its own share of the work in flight (the
     policy's counts are per router replica), modelled as 1/`router_replicas` of the pools'.
-    `tpot_slo_s`: the TPOT target the policy's slow-decode rule reads (None: rule off)."""
+    `tpot_slo_s`: the TPOT target the rule keeps (None: the lowest predicted TTFT wins)."""
 
     def __init__(self, trace: Trace, specs: dict[str, PoolSpec], controller: Controller,
                  seed: int = 0, drain_s: float = 600.0,
@@ -74,7 +80,10 @@ class Simulation:
         # Requests that decode on the replica that prefilled them: all of them when colocated.
         self.local = [self.front is self.back] * n
         self.routing = routing if self.front is not self.back else None
-        self.tpot_slo_s = tpot_slo_s  # the slow-decode rule's target (None: rule off)
+        self.tpot_slo_s = tpot_slo_s  # the TPOT target the rule keeps
+        if self.routing is not None:
+            context = float(np.mean(trace.prompt)) if n else 0.0
+            self.costs = profile_costs(self.front, self.back, context)
         self.paths: dict[PrefillPath, int] = {}  # decisions taken, by path
         # The router's view of its work in flight, counted as router/dispatch.py counts it.
         self.remote_reqs = self.remote_tokens = 0  # remote prefills, until their handoff
@@ -127,8 +136,7 @@ class Simulation:
         p, o = self.prompt[req], self.output[req]
         path = PrefillPath.REMOTE
         if self.routing is not None:
-            path = prefill_path(prompt_tokens=p, expected_cached_tokens=0, load=self.load(),
-                                cfg=self.routing, max_tokens=o, tpot_slo_s=self.tpot_slo_s)
+            path = self._decide(p, self.cached[req] if self.cached is not None else 0)
             self.paths[path] = self.paths.get(path, 0) + 1
         remote_side = path is PrefillPath.REMOTE or path.pool == "prefill"
         pool = self.front if remote_side else self.back
@@ -143,14 +151,26 @@ class Simulation:
         elif path is PrefillPath.REMOTE:
             self.remote_reqs += 1
             self.remote_tokens += p
+            self.decode_streams += 1  # its decode slot is reserved before it prefills
         else:  # prefilled where it decodes: a decode replica, or a prefill one (whole request)
             self.local[req] = True
             self.local_tokens[path.pool] += p
             if path.pool == "prefill":
                 self.offloaded += 1
             else:
-                self.decode_streams += 1  # SHORT, QUEUE_FULL, SPILL: through the decode gate
+                self.decode_streams += 1  # LOCAL: through the decode gate
         self._route(pool, req, now)
+
+    def _decide(self, prompt: int, cached: int) -> PrefillPath:
+        """The router's choice for a prompt (`Dispatcher._path`, with the profile's costs)."""
+        cfg = self.routing
+        if cfg.prefill == "local" or prompt - cached < cfg.min_remote_prompt_tokens:
+            return PrefillPath.LOCAL
+        if cfg.prefill == "remote":
+            return PrefillPath.REMOTE
+        prefill, decode, handoff = self.costs
+        views = pool_views(self.load(), prefill, decode, {"prefill": cached, "decode": cached})
+        return decide(prompt, views["prefill"], views["decode"], handoff, self.tpot_slo_s).path
 
     def load(self) -> PoolLoad:
         """The pools as one router replica sees them now (`Dispatcher.load`): its share of the
@@ -164,8 +184,6 @@ class Simulation:
             decode_streams=round(self.decode_streams / r),
             decode_replicas=len(self.back.routable),
             prefill_streams=round(self.offloaded / r),
-            decode_pace_s=_pace(self.back),
-            prefill_pace_s=_pace(self.front),
         )
 
     def _route(self, pool: Pool, req: int, now: float) -> None:
@@ -221,7 +239,6 @@ class Simulation:
             pool.ttfts.extend([done_t - arrival[r] for r in remote])
             self.remote_reqs -= len(remote)
             self.remote_tokens -= sum(prompt[r] for r in remote)
-            self.decode_streams += len(remote)
             longest = max(prompt[r] for r in remote)
             self.push(done_t + pool.cost.kv_transfer_s(longest), XFER, remote)
         self._settle(rep, now)
@@ -327,11 +344,24 @@ class Simulation:
         return True
 
 
-def _pace(pool: Pool) -> float:
-    """A pool's seconds per output token now (`router/pace.py`'s live pace): the mean decode
-    step time of its replicas that are decoding; 0.0 when none is."""
-    steps = [rep.step_s for rep in pool.routable if rep.n and rep.step_s < math.inf]
-    return sum(steps) / len(steps) if steps else 0.0
+def profile_costs(front: Pool, back: Pool,
+                  context_tokens: float) -> tuple[EngineCost, EngineCost, HandoffCost]:
+    """What the router would measure on these pools, from their profiles: each pool's step cost
+    (a line through its decode steps at 1 and 32 sequences of `context_tokens` each, and its
+    prefill's marginal cost per token) and the handoff (the KV transfer)."""
+
+    def engine(pool: Pool) -> EngineCost:
+        cost, chunk = pool.cost, pool.spec.prefill_budget
+        one = cost.decode_step_s(1, context_tokens)
+        many = cost.decode_step_s(32, 32 * context_tokens)
+        per_seq = max((many - one) / 31, 0.0)
+        per_token = max((cost.prefill_s(2 * chunk) - cost.prefill_s(chunk)) / chunk, 0.0)
+        return EngineCost(max(one - per_seq, 0.0), per_seq, per_token, chunk)
+
+    c = front.cost
+    per_token = (c.kv_transfer_s(1000) - c.kv_transfer_s(0)) / 1000
+    handoff = HandoffCost(c.kv_transfer_s(0), per_token)
+    return engine(front), engine(back), handoff
 
 
 def _row(role: str, s, decision, pool: Pool) -> dict:

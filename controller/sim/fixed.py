@@ -8,7 +8,7 @@ be set against a measured one (`scripts/sim_vs_measured.py`):
     result = run_fixed(dep, replay_trace(arrivals, prompts, outputs, rate=2.0))
 
 A disaggregated deployment routes each prompt with the router's own policy
-(`router/policy.py` `prefill_path`, called by the simulator per arrival with the deployment's
+(`router/policy.py` `decide`, called by the simulator per arrival with the deployment's
 `disaggregation` settings): remote, prefilled on a decode replica, or offloaded whole to a
 prefill replica. The router, HTTP proxy and load generator are priced only on the CPU profile,
 as a latency per request and a CPU cost per streamed token (`controller/profiles.py`).

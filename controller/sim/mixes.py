@@ -6,7 +6,7 @@ fixed allocation (no autoscaling):
 - colocated: the planner's colocated plan for the mix at the trace's rate;
 - disaggregated: the planner's disaggregated plan, every prompt prefilled remotely;
 - conditional: the same pools as disaggregated, but every arrival asks the router's own
-  `prefill_path` (`router/policy.py`) where to prefill, with the given `DisaggregationConfig`
+  `decide` (`router/policy.py`) where to prefill, with the given `DisaggregationConfig`
   (remote, on the decode replica, or offloaded whole to a prefill replica).
 
     rows = compare_mixes(MIXES, rate=800, duration_s=300, slo=Slo(1.0, 0.1))
@@ -34,7 +34,7 @@ from splitserve.config import DisaggregationConfig
 MIX_MAX_MODEL_LEN = 8192
 # Requests/s one router replica is given: the highest rate measured through one router replica
 # was 51-70 req/s (BENCHMARKS.md, tenancy), on a core it shared with an engine. The router's
-# policy counts only its own replica's work in flight (`max_prefill_queue` is per replica), so
+# policy counts only its own replica's work in flight (its queues are per replica), so
 # a cluster-scale rate needs the router replicas a deployment would run.
 ROUTER_REPLICA_RPS = 50.0
 

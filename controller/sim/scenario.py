@@ -52,7 +52,7 @@ class Scenario:
     # new replicas start (its queue keeps growing meanwhile).
     max_over_peak: float = 2.0
     # Disaggregated only: the router's conditional-disaggregation settings, which decide each
-    # prompt's path with `prefill_path` (None: every prompt is prefilled remotely, the pure
+    # prompt's path with the router's rule (`decide`) (None: every prompt is prefilled remotely, the pure
     # disaggregation the planner sizes the pools for).
     routing: DisaggregationConfig | None = None
     router_replicas: int = 1  # router replicas sharing the traffic (each routes its own share)

@@ -150,6 +150,9 @@ def engine_kwargs(spec: EngineSpec, model_path: str, revision: str | None = None
         "max_num_seqs": spec.max_num_seqs,
         "enable_prefix_caching": True,
         "disable_log_stats": False,
+        # vLLM times each step and counts what it ran: the host fits the engine's step cost
+        # from it for the router's disaggregation rule (engine/step_cost.py)
+        "enable_logging_iteration_details": True,
         "kv_cache_dtype": spec.kv_cache_dtype,
         "scheduling_policy": spec.scheduling_policy,
     }

@@ -35,6 +35,7 @@ from splitserve.engine.messages import (
     kv_recompute_reason,
 )
 from splitserve.engine.stats import LatestStats, RequestTransfer
+from splitserve.engine.step_cost import DropIterationLines
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.models import resolve_model
@@ -139,6 +140,7 @@ class EngineHost:
         self._app_lock = asyncio.Lock()
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
         self.kv_capacity_tokens = kv_capacity_tokens(self.engine.vllm_config)
+        self.chunk_tokens = self.engine.vllm_config.scheduler_config.max_num_batched_tokens
         log.info("%s: KV cache of %d tokens", self._holder, self.kv_capacity_tokens)
 
     def _build_engine(self, model_path: str, revision: str | None):
@@ -161,6 +163,7 @@ class EngineHost:
             )
         args = AsyncEngineArgs(**kwargs)
         loggers: list[Any] = [self._stats.factory]
+        logging.getLogger("vllm.v1.metrics.loggers").addFilter(DropIterationLines())
         if self.spec.engine_metrics:  # vLLM's own metrics, on Ray's metrics endpoint
             from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
@@ -258,6 +261,7 @@ class EngineHost:
                 kv_bytes=measured.bytes if measured else pulled,
                 kv_transfer_s=measured.seconds if measured and measured.transfers else None,
                 kv_recomputed=recomputed, kv_transfer_params=tap.kv_transfer_params,
+                engine_cost=self._stats.step_cost(self.chunk_tokens),
             )
         finally:
             for rid in tap.request_ids:

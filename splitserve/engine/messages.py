@@ -147,6 +147,20 @@ class GenerateChunk:
     status: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
     data: bytes = b""
+    # Last chunk: the engine's step cost as fitted from its own steps (`StepCost`; None until
+    # it has stepped), for the router's disaggregation rule.
+    engine_cost: StepCost | None = None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """An engine's step time as it measures it: `step_s + per_seq_s * decoding sequences +
+    per_token_s * prefill tokens`, at most `chunk_tokens` tokens a step (None: not seen yet)."""
+
+    step_s: float
+    per_seq_s: float | None
+    per_token_s: float | None
+    chunk_tokens: int
 
 
 @dataclass(frozen=True)

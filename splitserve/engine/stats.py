@@ -11,7 +11,8 @@ from splitserve.engine.kv_telemetry import (
     REQUEST_TRANSFERS,
     external_request_id,
 )
-from splitserve.engine.messages import EngineStats
+from splitserve.engine.messages import EngineStats, StepCost
+from splitserve.engine.step_cost import StepCostFit
 
 # Requests whose measured KV transfer is kept until their host collects it. A request's entry is
 # collected when it finishes; this bound only drops entries of requests nobody collects (aborted
@@ -47,6 +48,7 @@ class LatestStats:
         self.kv_failures = 0
         self.kv_handoffs_expired = 0  # counted by the host: handoffs recomputed, never pulled
         self.requests: OrderedDict[str, RequestTransfer] = OrderedDict()
+        self.steps = StepCostFit()  # fed by vLLM's iteration details (engine arg on)
 
     def factory(self, vllm_config: Any, engine_index: int = 0):
         """A vLLM `StatLoggerFactory` bound to this holder."""
@@ -62,6 +64,10 @@ class LatestStats:
                 if scheduler_stats is None:
                     return
                 holder.scheduler = scheduler_stats
+                details = scheduler_stats.iteration_details
+                if details is not None and not details.is_dummy:
+                    holder.steps.observe(details.num_generation_requests, details.num_ctx_tokens,
+                                         details.elapsed_ms / 1e3)
                 pcs = scheduler_stats.prefix_cache_stats
                 holder.prefix_queries += getattr(pcs, "queries", 0)
                 holder.prefix_hits += getattr(pcs, "hits", 0)
@@ -94,6 +100,13 @@ class LatestStats:
             while len(self.requests) > MAX_REQUEST_TRANSFERS:
                 self.requests.popitem(last=False)
         return entry
+
+    def step_cost(self, chunk_tokens: int) -> StepCost | None:
+        """The engine's fitted step cost (None before its first timed step)."""
+        step_s, per_seq_s, per_token_s = self.steps.coefficients()
+        if not step_s and per_seq_s is None and per_token_s is None:
+            return None
+        return StepCost(step_s, per_seq_s, per_token_s, chunk_tokens)
 
     def pop_request_transfer(self, request_id: str) -> RequestTransfer | None:
         """The measured KV transfer of `request_id` (the caller's id), once; None when the

@@ -72,9 +72,8 @@ def deployment():
     cfg = test_config(
         **{
             "mode": "disaggregated",
-            "disaggregation.offload_to_prefill": False,  # phase 1 must load the decode pool
-            "disaggregation.slow_decode_tpot_fraction": 0,
-            "disaggregation.short_output_tokens": 0,  # ... and so must short outputs
+            "disaggregation.prefill": "remote",  # long prompts take the remote path ...
+            "disaggregation.min_remote_prompt_tokens": 64,  # ... short ones run on decode
             "placement.share_cores": True,
             "autoscaling.policy": "queue",
             "autoscaling.target_ongoing_requests": TARGET_ONGOING,
@@ -162,7 +161,7 @@ def test_load_step_adds_a_decode_replica_and_scale_down_drains_it(deployment):
     base = deployment
     assert decode_states() == {"RUNNING": 1}
 
-    # 1. Load step: short prompts (under disaggregation.min_remote_prompt_tokens: local prefill).
+    # 1. Load step: short prompts (under min_remote_prompt_tokens: whole on decode).
     stop_load, load, load_thread = start_clients(base, LOAD_CLIENTS, prompt="Count with me:",
                                                  max_tokens=LOAD_TOKENS)
     try:

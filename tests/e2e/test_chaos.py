@@ -78,11 +78,8 @@ def deployment(span_file):
             "pools.prefill.replicas": 2,
             "placement.share_cores": True,
             "disaggregation.kv_lease_s": KV_LEASE_S,
-            "disaggregation.spill_to_decode": False,  # faults must hit the remote path
+            "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
             "disaggregation.min_remote_prompt_tokens": 128,  # ... from 150-token prompts up
-            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-            "disaggregation.offload_to_prefill": False,
-            "disaggregation.slow_decode_tpot_fraction": 0,
             "disaggregation.prefill_attempts": 2,
             "disaggregation.prefill_timeout_s": 120,
             "faults": FAULTS.model_dump(),

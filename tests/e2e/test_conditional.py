@@ -1,23 +1,24 @@
-"""The default conditional-disaggregation policy end to end, as `make serve` deploys it.
+"""The default disaggregation rule end to end, as `make serve` deploys it (router/policy.py).
 
-One prefill and one decode worker with the default `disaggregation` settings. A request with a
-short output (`max_tokens` at most `short_output_tokens`) runs whole on the pool with less work
-ahead of its first token, with no KV handoff: on idle pools on the decode worker, beside a
-decoding stream on the prefill worker. Its greedy tokens must equal the decode engine's own, and
-no KV may move. The remote path itself is tested in test_disaggregated.py (rule switched off).
+One prefill and one decode worker with the default `disaggregation` settings (`prefill: auto`).
+The router starts without measurements and takes the remote path, which measures the handoff;
+the engines report their step costs with every request. From then on each request takes the
+path the rule predicts fastest within the TPOT target, and its prediction is scored against the
+TTFT it got. A prompt the decode worker already holds stays there: no KV moves, and its greedy
+tokens equal the decode engine's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import numpy as np
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from splitserve.config import load_config
 from tests.conftest import (
-    decoding_stream,
     direct_greedy,
     disagg_reasons,
     pool_stats,
@@ -29,7 +30,6 @@ from tests.conftest import (
 pytestmark = pytest.mark.engine
 
 MODEL = "splitserve-tiny"
-SHORT = load_config(None).disaggregation.short_output_tokens  # the default threshold
 
 
 @pytest.fixture(scope="module")
@@ -57,49 +57,39 @@ def _greedy(client, ids: list[int], max_tokens: int) -> list[int]:
     return r.choices[0].model_extra["token_ids"]
 
 
-def test_a_short_output_on_idle_pools_runs_whole_on_decode(deployment, client):
+def _scored(base_url: str) -> float:
+    """How many of the rule's predictions were scored against a measured TTFT (all paths)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    return sum(s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name == "splitserve_ttft_prediction_ratio_count")
+
+
+def test_the_first_request_takes_the_remote_path_and_measures_it(deployment, client):
     ids = _prompt(1)
     before, moved = disagg_reasons(deployment), _moved()
     got = _greedy(client, ids, 8)
     after = disagg_reasons(deployment)
-    assert after.get("short_output", 0) == before.get("short_output", 0) + 1
-    assert after.get("remote", 0) == before.get("remote", 0)
-    assert _moved() == moved  # no KV came over NIXL: decode prefilled it itself
+    assert after.get("remote", 0) == before.get("remote", 0) + 1
+    assert _moved() > moved  # its KV came over NIXL
     assert got == direct_greedy(ids, 8, fresh_cache=True)
 
 
-def test_a_short_output_beside_a_decoding_stream_runs_whole_on_prefill(deployment):
-    ids = _prompt(2)
-
-    async def run():
-        async with openai.AsyncOpenAI(base_url=f"{deployment}/v1", api_key="x", max_retries=0,
-                                      timeout=600) as c:
-            # A long stream (short prompt: decoded on the decode worker) is decoding ...
-            stream = await decoding_stream(c, MODEL)
-            # (Serve's sync handle calls must not run on this event loop.)
-            before, moved = await asyncio.to_thread(lambda: (disagg_reasons(deployment), _moved()))
-            # ... so decode has more work ahead than the idle prefill worker: it runs there.
-            r = await c.completions.create(model=MODEL, prompt=ids, max_tokens=SHORT,
-                                           temperature=0, extra_body={"return_token_ids": True})
-            after = await asyncio.to_thread(disagg_reasons, deployment)
-            await stream.close()  # the client walks away from the stream
-            return r.choices[0].model_extra["token_ids"], before, after, moved
-
-    got, before, after, moved = asyncio.run(run())
-    assert after.get("short_output_offload", 0) == before.get("short_output_offload", 0) + 1
-    assert after.get("remote", 0) == before.get("remote", 0)
-    assert _moved() == moved
-    assert got == direct_greedy(ids, SHORT, fresh_cache=True)
+def test_then_the_rule_decides_and_scores_its_predictions(deployment, client):
+    for seed, n in ((2, 300), (3, 900), (4, 1500), (5, 600)):
+        _greedy(client, _prompt(seed, n), 8)
+    assert _scored(deployment) >= 1
 
 
-def test_a_longer_output_takes_the_prompt_rules(deployment, client):
-    ids = _prompt(3)
-    before = disagg_reasons(deployment)
-    got = _greedy(client, ids, SHORT + 1)
+def test_a_prompt_decode_already_holds_stays_there(deployment, client):
+    ids = _prompt(6)
+    _greedy(client, ids, 4)  # wherever it prefills, decode holds its blocks afterwards
+    turn = ids + _prompt(7, 40)
+    before, moved = disagg_reasons(deployment), _moved()
+    got = _greedy(client, turn, 8)
     after = disagg_reasons(deployment)
-    changed = {k for k in after if after[k] != before.get(k, 0)}
-    assert len(changed) == 1 and not changed & {"short_output", "short_output_offload"}, changed
-    assert got == direct_greedy(ids, SHORT + 1, fresh_cache=True)
+    assert after.get("local", 0) == before.get("local", 0) + 1, (before, after)
+    assert _moved() == moved  # no KV came over NIXL: decode had it, and prefilled the rest
+    assert got == direct_greedy(turn, 8, fresh_cache=True)
 
 
 def test_mixed_outputs_with_cancellations_leave_both_pools_empty(deployment):
@@ -132,6 +122,5 @@ def test_mixed_outputs_with_cancellations_leave_both_pools_empty(deployment):
     results = asyncio.run(run())
     after = disagg_reasons(deployment)
     assert [r for i, r in enumerate(results) if i % 4] == [n for i, n in enumerate(outputs) if i % 4]
-    assert sum(after.get(k, 0) - before.get(k, 0) for k in ("short_output",
-                                                              "short_output_offload")) == 8
+    assert sum(after.values()) - sum(before.values()) == 16  # one decision each
     assert pools_at_rest() == {"prefill": (0, 0.0), "decode": (0, 0.0)}

@@ -40,10 +40,7 @@ def deployment():
         **{
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": THRESHOLD,
-            "disaggregation.spill_to_decode": False,
-            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-            "disaggregation.offload_to_prefill": False,
-            "disaggregation.slow_decode_tpot_fraction": 0,
+            "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
         }
     )
     with shared_deployment(cfg) as base:  # shared with test_params

@@ -24,10 +24,7 @@ def deployment():
         **{
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": 1,
-            "disaggregation.spill_to_decode": False,  # every prompt takes the NIXL path
-            "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-            "disaggregation.offload_to_prefill": False,
-            "disaggregation.slow_decode_tpot_fraction": 0,
+            "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
             # A TP-2 engine on shared cores can take long over its first prefills: no fallback
             # to a local prefill (which moves no KV) while the machine is slow.
             "disaggregation.prefill_timeout_s": 300,

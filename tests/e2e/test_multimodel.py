@@ -63,8 +63,7 @@ def deployment(adapters):
         "tenancy.admin_key_hashes": [hash_api_key(ADMIN)],
         "placement.share_cores": True,
         "disaggregation.min_remote_prompt_tokens": 128,
-        "disaggregation.spill_to_decode": False,
-        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
+        "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
     })
     build_tiny_model(variant=1)
     with running_deployment(cfg) as base:

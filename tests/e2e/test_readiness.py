@@ -36,10 +36,7 @@ def deployment():
         **{
             "mode": "disaggregated",
             "disaggregation.min_remote_prompt_tokens": 128,  # every prompt here prefills remotely
-            "disaggregation.spill_to_decode": False,
-            "disaggregation.short_output_tokens": 0,
-            "disaggregation.offload_to_prefill": False,
-            "disaggregation.slow_decode_tpot_fraction": 0,
+            "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
             "disaggregation.prefill_timeout_s": 10,  # a request waits this long, then local
             # a ping's bound: generous, so that a decode replica slowed by the shared cores
             # (the replacement engine loading beside it) does not read as down

@@ -41,10 +41,7 @@ def deployment(tmp_path_factory):
         "tracing.enabled": True,
         "tracing.file": str(spans),
         "disaggregation.min_remote_prompt_tokens": 0,  # every prompt goes remote
-        "disaggregation.spill_to_decode": False,
-        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-        "disaggregation.offload_to_prefill": False,
-        "disaggregation.slow_decode_tpot_fraction": 0,
+        "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
     })
     with running_deployment(cfg) as base:
         yield base, str(spans)

@@ -29,10 +29,7 @@ def deployment():
     cfg = test_config(**{
         "mode": "disaggregated",
         "disaggregation.min_remote_prompt_tokens": 0,  # every prompt goes remote
-        "disaggregation.spill_to_decode": False,
-        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-        "disaggregation.offload_to_prefill": False,
-        "disaggregation.slow_decode_tpot_fraction": 0,
+        "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
     })
     assert cfg.tracing == TracingConfig()  # the config is silent about tracing
     with OtlpReceiver() as rx, pytest.MonkeyPatch.context() as env:

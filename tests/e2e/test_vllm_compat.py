@@ -40,10 +40,7 @@ THRESHOLD = 128  # test_disaggregated's: prompts this long or longer prefill rem
 DISAGGREGATED = {
     "mode": "disaggregated",
     "disaggregation.min_remote_prompt_tokens": THRESHOLD,
-    "disaggregation.spill_to_decode": False,
-    "disaggregation.short_output_tokens": 0,
-    "disaggregation.offload_to_prefill": False,
-    "disaggregation.slow_decode_tpot_fraction": 0,
+    "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
 }
 MODES = {"disaggregated": DISAGGREGATED, "colocated": {"mode": "colocated"}}
 

@@ -27,10 +27,7 @@ def test_gpu_deployment_answers(mode):
         "mode": mode,
         "device": "cuda",
         "disaggregation.min_remote_prompt_tokens": 1,
-        "disaggregation.spill_to_decode": False,  # the remote path, also on an idle pool
-        "disaggregation.short_output_tokens": 0,  # max_tokens alone never skips the handoff
-        "disaggregation.offload_to_prefill": False,
-        "disaggregation.slow_decode_tpot_fraction": 0,
+        "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
     }
     if os.environ.get("SPLITSERVE_GPU_MODEL"):
         overrides["model.path"] = os.environ["SPLITSERVE_GPU_MODEL"]

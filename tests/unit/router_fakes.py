@@ -146,12 +146,11 @@ DECODE_OK = [
 
 
 def config(tracing: dict | None = None, **disagg):
-    """A disaggregated config without the spill and short-output rules (tracing on unless
-    given): a long-enough prompt goes remote whatever its max_tokens."""
+    """A disaggregated config whose prompts all take the remote path (tracing on unless
+    given)."""
     return parse_config({
         "mode": "disaggregated",
-        "disaggregation": {"spill_to_decode": False, "offload_to_prefill": False,
-                           "short_output_tokens": 0, **disagg},
+        "disaggregation": {"prefill": "remote", **disagg},
         "tracing": {"enabled": True} if tracing is None else tracing,
     })
 

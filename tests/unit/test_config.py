@@ -23,7 +23,7 @@ def test_default_config_loads() -> None:
     assert cfg.model.max_model_len == 2048
     assert cfg.mode == "disaggregated"
     assert cfg.deployed_pools().keys() == {"prefill", "decode"}
-    assert cfg.disaggregation.min_remote_prompt_tokens == 256
+    assert cfg.disaggregation.prefill == "auto" and cfg.disaggregation.min_remote_prompt_tokens == 0
     assert cfg.device == "auto"
     assert cfg.router.host == "127.0.0.1"
     assert cfg.router.port == 8000

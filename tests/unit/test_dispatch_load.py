@@ -1,6 +1,7 @@
-"""The dispatcher's view of prefill work in flight, which feeds the spill rule (router/policy.py):
-prompts count while they wait for or run a remote prefill, and while the decode worker prefills
-them itself, and nothing stays counted after a request ends, fails or is abandoned.
+"""The dispatcher applies the disaggregation rule (router/policy.py) with what it measured, and
+counts the work in flight the rule reads: prompts count while they wait for or run a remote
+prefill, and while a pool prefills them itself, and nothing stays counted after a request ends,
+fails or is abandoned. A remote prefill starts only once its decode slot is held.
 
 The pool handles are fakes that stop at scripted points (no Ray); the gates, tenancy and metrics
 are the real ones.
@@ -12,16 +13,15 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-
-from splitserve.config import parse_config
-from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling
+from router_fakes import HANDOFF, StreamResponse
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad
 from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
 
-from router_fakes import HANDOFF, StreamResponse
+from splitserve.config import parse_config
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, Sampling, StepCost
 
 
 class _Gated:
@@ -55,11 +55,14 @@ class _Gated:
             yield c
 
 
-def _setup(tpot_slo_s: float | None = None, **disagg):
-    # No handoff cost: the first long prompt then goes remote on idle pools (see test_policy);
-    # no short-output rule: the requests' 2 output tokens would otherwise skip the handoff.
-    cfg = parse_config({"mode": "disaggregated", "disaggregation": {
-        "handoff_cost_tokens": 0, "short_output_tokens": 0, **disagg}})
+# Step costs the engines would report: 1 ms a step, 1 ms per decoding sequence, 0.1 ms per
+# prefilled token (10 k tokens/s), 2048-token chunks; a handoff of 20 ms + 0.01 ms per token.
+COST = StepCost(0.001, 0.001, 1e-4, 2048)
+
+
+def _setup(tpot_slo_s: float | None = None, calibrated: bool = True, **disagg):
+    cfg = parse_config({"mode": "disaggregated", "disaggregation": disagg,
+                        "tenancy": {"decode_max_in_flight": 4, "max_queued": 2}})
     prefill = _Gated([GenerateChunk(token_ids=(7,), text="", kv_transfer_params=HANDOFF)])
     decode = _Gated([GenerateChunk(token_ids=(1,), text="a"), GenerateChunk((2,), "b", "length")])
     metrics = RouterMetrics()
@@ -67,11 +70,23 @@ def _setup(tpot_slo_s: float | None = None, **disagg):
         {"prefill": prefill, "decode": decode}, cfg.disaggregation, metrics,
         Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1}, tpot_slo_s=tpot_slo_s,
     )
+    if calibrated:
+        _calibrate(d)
     return d, prefill, decode, metrics
 
 
-def _req(n: int, i: int = 0) -> GenerateRequest:
-    return GenerateRequest(f"cmpl-{i}", tuple(range(n)), Sampling(max_tokens=2))
+def _calibrate(d, cost: StepCost = COST, handoff_s: float = 0.02) -> None:
+    """What a few served requests would have taught the dispatcher."""
+    for pool in ("prefill", "decode"):
+        d.calibration.engine_reported(pool, cost)
+    for tokens in (100, 1000, 2000):
+        d.calibration.handoff_measured(tokens, handoff_s + 1e-5 * tokens)
+
+
+def _req(n: int, i: int = 0, start: int | None = None) -> GenerateRequest:
+    """Request `i` with an `n`-token prompt of its own (or the tokens from `start` on)."""
+    first = 100_000 * i if start is None else start
+    return GenerateRequest(f"cmpl-{i}", tuple(range(first, first + n)), Sampling(max_tokens=2))
 
 
 async def _drain(d, req, out: list):
@@ -85,22 +100,26 @@ def _reason(metrics, reason: str) -> float:
     ) or 0.0
 
 
-def test_remote_then_spilled_prompt_are_counted_until_prefilled_then_released():
+def test_remote_then_local_prompt_are_counted_until_prefilled_then_released():
     async def run():
         await asyncio.wait_for(body(), 10)
 
     async def body():
-        d, prefill, decode, metrics = _setup()
+        d, prefill, decode, metrics = _setup(tpot_slo_s=0.1)
         out: list = []
-        first = asyncio.create_task(_drain(d, _req(1536, 1), out))
-        await prefill.started.wait()
-        assert d.load() == PoolLoad(prefill_requests=1, prefill_tokens=1536)
-        # The prefill pool is busy and decode idle: the next long prompt spills to decode.
-        second = asyncio.create_task(_drain(d, _req(1000, 2), out))
+        # Idle pools: the prefill is as fast on either side and local has no handoff. With a
+        # stream on decode, a 1536-token prefill there would stall it past the 100 ms target:
+        # the next one goes remote.
+        first = asyncio.create_task(_drain(d, _req(100, 1), out))
         await decode.started.wait()
-        assert d.load().local_prefill_tokens == 1000
-        assert d.load().decode_streams == 1
-        assert (_reason(metrics, "remote"), _reason(metrics, "spill")) == (1, 1)
+        assert d.load() == PoolLoad(local_prefill_tokens=100, decode_streams=1)
+        assert _reason(metrics, "local") == 1
+        decode.started.clear()
+        second = asyncio.create_task(_drain(d, _req(1536, 2), out))
+        await asyncio.sleep(0)
+        await prefill.started.wait()
+        assert d.load().prefill_requests == 1 and d.load().prefill_tokens == 1536
+        assert d.load().decode_streams == 2  # its decode slot is held while it prefills
         prefill.release.set()
         decode.release.set()
         await asyncio.gather(first, second)
@@ -110,12 +129,80 @@ def test_remote_then_spilled_prompt_are_counted_until_prefilled_then_released():
     asyncio.run(run())
 
 
+def test_cold_start_takes_the_remote_path_and_measures_it():
+    async def run():
+        d, prefill, decode, metrics = _setup(calibrated=False)
+        prefill.release.set()
+        decode.release.set()
+        decode.chunks = [GenerateChunk((1,), "a"),
+                         GenerateChunk((2,), "b", "length", engine_cost=COST)]
+        prefill.chunks = [GenerateChunk((7,), "", kv_transfer_params=HANDOFF, engine_cost=COST)]
+        await _drain(d, _req(1000, 1), [])
+        assert _reason(metrics, "remote") == 1
+        assert len(d.calibration.handoff) == 1  # the handoff was measured ...
+        assert d.calibration.engine_cost("decode", "prefill") is not None  # ... and the engines
+        await _drain(d, _req(1000, 2), [])  # now the rule decides, and its prediction is scored
+        assert metrics.registry.get_sample_value(
+            "splitserve_ttft_prediction_ratio_count", {"path": "local"}) == 1
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_prompt_decode_already_holds_stays_there():
+    async def run():
+        d, prefill, decode, metrics = _setup(tpot_slo_s=0.1)
+        prefill.release.set()
+        decode.release.set()
+        hold = asyncio.create_task(_drain(d, _req(16, 9), []))  # a stream keeps decode busy
+        decode.gaps = [0.5]
+        await asyncio.sleep(0)
+        # A long prompt beside a stream: its local prefill would break the TPOT target: remote.
+        await _drain(d, _req(1600, 1, start=0), [])
+        assert _reason(metrics, "remote") == 1
+        # The same prompt plus a turn: decode holds its blocks (they were pulled there), so
+        # only the new tokens are prefilled, on decode.
+        await _drain(d, _req(1650, 2, start=0), [])
+        assert _reason(metrics, "local") >= 1 and _reason(metrics, "remote") == 1
+        assert decode.requests[-1].kv_transfer_params is None
+        await hold
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_no_prefill_starts_for_a_request_decode_cannot_take():
+    """Decode first: the decode slot is taken before the remote prefill starts. With decode's
+    slots full, a request waits at the decode gate without prefilling, and one that finds the
+    gate's queue full too gets its 429 without a prefill."""
+    async def run():
+        d, prefill, decode, _ = _setup(prefill="remote")
+        prefill.release.set()
+        held = [asyncio.create_task(_drain(d, _req(500, i), [])) for i in range(4)]
+        while d.tenancy.gates["decode"].in_flight < 4:
+            await asyncio.sleep(0.01)
+        while len(decode.requests) < 4:
+            await asyncio.sleep(0.01)
+        prefills = len(prefill.requests)
+        waiting = [asyncio.create_task(_drain(d, _req(500, 10 + i), [])) for i in range(2)]
+        while d.tenancy.gates["decode"].queued < 2:
+            await asyncio.sleep(0.01)
+        with pytest.raises(APIError) as err:
+            await _drain(d, _req(500, 20), [])
+        assert err.value.status == 429
+        assert len(prefill.requests) == prefills  # neither the waiting nor the refused prefilled
+        decode.release.set()
+        await asyncio.gather(*held, *waiting)
+        assert len(prefill.requests) == prefills + 2  # the waiting ones, once they had a slot
+        assert d.load() == PoolLoad()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
 def test_a_client_that_walks_away_releases_its_local_prefill():
     async def run():
         await asyncio.wait_for(body(), 10)
 
     async def body():
-        d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)  # everything short: local
+        d, _, decode, _ = _setup(prefill="local")
         stream = d.stream(_req(500), DEFAULT_TENANT)
         task = asyncio.create_task(stream.__anext__())
         await decode.started.wait()
@@ -131,7 +218,7 @@ def test_a_client_that_walks_away_releases_its_local_prefill():
 
 def test_a_failed_decode_releases_its_local_prefill():
     async def run():
-        d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)
+        d, _, decode, _ = _setup(prefill="local")
         decode.fail = RuntimeError("replica gone")
         decode.release.set()
         with pytest.raises(APIError):
@@ -142,8 +229,13 @@ def test_a_failed_decode_releases_its_local_prefill():
 
 
 def _offload_setup():
-    """Short prompts (local), and any decode stream makes decode the bottleneck."""
-    return _setup(min_remote_prompt_tokens=2000, offload_margin_tokens=0, offload_to_prefill=True)
+    """Decode slow enough per stream that two streams there break a 4 ms TPOT target, which a
+    stream on the prefill engine keeps (it prefills in 16-token chunks)."""
+    d, prefill, decode, metrics = _setup(tpot_slo_s=0.004, calibrated=False)
+    _calibrate(d)
+    d.calibration.engine_reported("decode", StepCost(0.001, 0.002, 1e-4, 2048))
+    d.calibration.engine_reported("prefill", StepCost(0.001, 0.001, 1e-4, 16))
+    return d, prefill, decode, metrics
 
 
 def test_an_offloaded_request_runs_whole_on_prefill_and_counts_there_until_it_ends():
@@ -153,44 +245,17 @@ def test_an_offloaded_request_runs_whole_on_prefill_and_counts_there_until_it_en
     async def body():
         d, prefill, decode, metrics = _offload_setup()
         out: list = []
-        first = asyncio.create_task(_drain(d, _req(100, 1), out))
+        first = asyncio.create_task(_drain(d, _req(10, 1), out))
         await decode.started.wait()
-        assert d.load() == PoolLoad(local_prefill_tokens=100, decode_streams=1)
-        second = asyncio.create_task(_drain(d, _req(500, 2), out))
+        assert d.load() == PoolLoad(local_prefill_tokens=10, decode_streams=1)
+        second = asyncio.create_task(_drain(d, _req(10, 2), out))
         await prefill.started.wait()
         assert d.load().prefill_streams == 1
-        assert d.load().prefill_tokens == 500  # its prompt, until its first token
-        assert (_reason(metrics, "short"), _reason(metrics, "offload")) == (1, 1)
+        assert d.load().prefill_tokens == 10  # its prompt, until its first token
+        assert (_reason(metrics, "local"), _reason(metrics, "offload")) == (1, 1)
         [sent] = prefill.requests
         assert sent.sampling.max_tokens == 2  # the whole request, not a max_tokens=1 prefill
         assert sent.kv_transfer_params is None and sent.request_id == "cmpl-2"
-        prefill.release.set()
-        decode.release.set()
-        await asyncio.gather(first, second)
-        assert sorted(out) == [(1,), (2,), (7,)]
-        assert d.load() == PoolLoad()
-
-    asyncio.run(run())
-
-
-def test_short_outputs_run_whole_on_the_less_loaded_pool_without_a_handoff():
-    async def run():
-        await asyncio.wait_for(body(), 10)
-
-    async def body():
-        d, prefill, decode, metrics = _setup(short_output_tokens=2)  # _req asks for 2 tokens
-        out: list = []
-        first = asyncio.create_task(_drain(d, _req(1536, 1), out))
-        await decode.started.wait()  # idle pools: a tie stays on decode
-        assert d.load() == PoolLoad(local_prefill_tokens=1536, decode_streams=1)
-        second = asyncio.create_task(_drain(d, _req(1536, 2), out))
-        await prefill.started.wait()  # decode busier: the whole request on prefill
-        assert d.load().prefill_streams == 1 and d.load().prefill_tokens == 1536
-        assert d.load().prefill_requests == 0  # no remote prefill in flight
-        assert (_reason(metrics, "short_output"), _reason(metrics, "short_output_offload")) == (1, 1)
-        [sent] = prefill.requests
-        assert sent.sampling.max_tokens == 2 and sent.kv_transfer_params is None
-        assert decode.requests[0].kv_transfer_params is None  # no handoff on either
         prefill.release.set()
         decode.release.set()
         await asyncio.gather(first, second)
@@ -208,9 +273,9 @@ def test_an_offloaded_request_whose_prefill_replica_fails_continues_on_decode():
         d, prefill, decode, metrics = _offload_setup()
         prefill.fail = RuntimeError("replica gone")
         out: list = []
-        first = asyncio.create_task(_drain(d, _req(100, 1), out))
+        first = asyncio.create_task(_drain(d, _req(10, 1), out))
         await decode.started.wait()
-        second = asyncio.create_task(_drain(d, _req(500, 2), out))
+        second = asyncio.create_task(_drain(d, _req(10, 2), out))
         await prefill.started.wait()
         prefill.release.set()
         decode.release.set()
@@ -229,7 +294,7 @@ def test_closing_the_stream_after_a_chunk_cancels_the_worker_request_at_once():
     nested generator there and then (not when the event loop finalizes them later), so the
     worker request is cancelled and the gate slot and load released before `aclose` returns."""
     async def run():
-        d, _, decode, _ = _setup(min_remote_prompt_tokens=2000)
+        d, _, decode, _ = _setup(prefill="local")
         decode.release.set()
         stream = d.stream(_req(500), DEFAULT_TENANT)
         assert (await stream.__anext__()).token_ids == (1,)
@@ -248,7 +313,7 @@ def test_a_remote_prompt_reports_its_output_tokens_to_both_pools():
         await asyncio.wait_for(body(), 10)
 
     async def body():
-        d, prefill, decode, _ = _setup()
+        d, prefill, decode, _ = _setup(prefill="remote")
         out: list = []
         task = asyncio.create_task(_drain(d, _req(1536, 1), out))
         await prefill.started.wait()
@@ -262,42 +327,3 @@ def test_a_remote_prompt_reports_its_output_tokens_to_both_pools():
         assert (late["decode"].arrivals, late["decode"].output_tokens) == (1, 2)
 
     asyncio.run(run())
-
-
-def test_a_slow_decode_pool_hands_whole_requests_to_prefill():
-    """The dispatcher measures each pool's pace from its chunks' gaps (router/pace.py): decode
-    streaming at 80 ms per token is slower than half a 100 ms TPOT target, so a request arriving
-    meanwhile runs whole on the prefill pool (no handoff) and counts there until it ends."""
-    async def run():
-        await asyncio.wait_for(body(), 10)
-
-    async def body():
-        d, prefill, decode, metrics = _setup(tpot_slo_s=0.1, min_remote_prompt_tokens=2000,
-                                             slow_decode_tpot_fraction=0.5)
-        decode.chunks = [GenerateChunk((1,), "a"), GenerateChunk((2,), "b"),
-                         GenerateChunk((3,), "c", "length")]
-        decode.gaps = [0.08, 1.0]  # the stream is still on decode when the next request comes
-        prefill.chunks = [GenerateChunk((5,), "x"), GenerateChunk((6,), "y", "length")]
-        decode.release.set()
-        out: list = []
-        first = asyncio.create_task(_drain(d, _req(100, 1), out))  # short prompt: on decode
-        while d.load().decode_pace_s == 0.0:
-            await asyncio.sleep(0.01)
-        assert d.load().decode_pace_s >= 0.08 and d.load().prefill_pace_s == 0.0
-        second = asyncio.create_task(_drain(d, _req(100, 2), out))
-        await prefill.started.wait()
-        assert d.load().prefill_streams == 1
-        [sent] = prefill.requests
-        assert sent.sampling.max_tokens == 2 and sent.kv_transfer_params is None
-        assert (_reason(metrics, "short"), _reason(metrics, "slow_decode")) == (1, 1)
-        prefill.release.set()
-        await asyncio.gather(first, second)
-        assert sorted(out) == [(1,), (2,), (3,), (5,), (6,)]
-        assert len(decode.requests) == 1 and d.load().prefill_streams == 0
-
-    asyncio.run(run())
-
-
-def test_without_a_tpot_target_no_pace_is_measured():
-    d, *_ = _setup(min_remote_prompt_tokens=2000)
-    assert d.pace == {} and d.load() == PoolLoad()

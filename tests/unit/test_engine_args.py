@@ -151,3 +151,75 @@ def test_the_models_parsers_and_the_pools_scheduling_reach_the_engine() -> None:
 def test_the_tiny_model_gets_its_tool_call_parser_and_a_real_model_none() -> None:
     assert engine_spec(_cfg(), "decode", "cpu").tool_call_parser == "pythonic"
     assert engine_spec(_cfg(path="/models/llama"), "decode", "cuda").tool_call_parser is None
+
+
+# --- each model URI scheme reaches vLLM as what vLLM loads (splitserve.models.resolve_model) ---
+
+
+def _scheme_kwargs(path: str, tmp_path, monkeypatch) -> dict:
+    """engine_kwargs for `model.path` the way EngineHost builds them, with the pvc mount root
+    and the model cache under tmp_path."""
+    import pathlib
+
+    from splitserve.models import resolve_model
+
+    for d in ("pvc/store/llama", "cache/s3/bucket/qwen", "cache/gs/bucket/qwen", "local/m"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "config.json").write_text("{}")
+    monkeypatch.setenv("SPLITSERVE_MODEL_CACHE", str(tmp_path / "cache"))
+    spec = engine_spec(_cfg(path=path), "decode", "cuda")
+    model = resolve_model(spec.model, spec.tiny_variant, pvc_root=pathlib.Path(tmp_path / "pvc"))
+    return engine_kwargs(spec, model.model, model.revision)
+
+
+@pytest.mark.parametrize(("path", "model", "revision"), [
+    ("hf://Qwen/Qwen2.5-7B-Instruct@v1.0", "Qwen/Qwen2.5-7B-Instruct", "v1.0"),
+    ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct", None),
+    ("pvc://store/llama", "{tmp}/pvc/store/llama", None),
+    ("s3://bucket/qwen", "{tmp}/cache/s3/bucket/qwen", None),
+    ("gs://bucket/qwen/", "{tmp}/cache/gs/bucket/qwen", None),
+    ("{tmp}/local/m", "{tmp}/local/m", None),
+])
+def test_engine_kwargs_per_model_scheme(path, model, revision, tmp_path, monkeypatch) -> None:
+    kw = _scheme_kwargs(path.format(tmp=tmp_path), tmp_path, monkeypatch)
+    assert kw["model"] == model.format(tmp=tmp_path)
+    assert kw.get("revision") == revision
+    assert ("revision" in kw) == (revision is not None)  # vLLM's default branch otherwise
+
+
+def test_engine_kwargs_of_an_uncached_s3_model_is_an_error(tmp_path, monkeypatch) -> None:
+    with pytest.raises(FileNotFoundError, match="is not in the model cache"):
+        _scheme_kwargs("s3://other/x", tmp_path, monkeypatch)
+
+
+def test_vllm_accepts_every_engine_kwarg_name() -> None:
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kw = engine_kwargs(engine_spec(_cfg(path="org/name"), "decode", "cuda"), "org/name", "v1")
+    assert set(kw) <= {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def test_vllm_finds_a_cached_hub_revision_offline(tmp_path) -> None:
+    """The model cache's contract with vLLM: with HF_HOME on the cache and HF_HUB_OFFLINE=1,
+    vLLM (EngineArgs, offline) turns the repo id and revision the engine passes into the
+    snapshot the download step wrote (the hub cache layout snapshot_download writes), and
+    refuses a revision that is not there instead of looking it up."""
+    import os
+    import subprocess
+    import sys
+
+    repo = tmp_path / "huggingface" / "hub" / "models--org--name"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "v1").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    code = ("from vllm.transformers_utils.repo_utils import get_model_path\n"
+            "print(get_model_path('org/name', 'v1'))\n"
+            "try:\n    get_model_path('org/name', 'v2')\n"
+            "except Exception as e:\n    print(type(e).__name__)\n")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "huggingface"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == [str(repo / "snapshots" / "abc123"), "LocalEntryNotFoundError"]

@@ -46,7 +46,7 @@ def _config(**observability):
     """Disaggregated, tracing off, one tenant `acme` allowed two requests a minute."""
     return parse_config({
         "mode": "disaggregated",
-        "disaggregation": {"spill_to_decode": False, "short_output_tokens": 0},
+        "disaggregation": {"prefill": "remote"},
         "tenants": [{"name": "acme", "api_key_hashes": [hash_api_key(KEY)],
                      "quotas": {"requests_per_minute": 2}},
                     {"name": "off", "enabled": False, "api_key_hashes": [hash_api_key(OFF_KEY)]}],
@@ -174,7 +174,7 @@ def test_requests_of_each_outcome_move_their_counters(request_log):
 def test_server_errors_and_worker_failures_are_outcomes_too():
     async def run():
         cfg = parse_config({"mode": "disaggregated", "router": {"decode_migrations": 0},
-                            "disaggregation": {"spill_to_decode": False, "short_output_tokens": 0},
+                            "disaggregation": {"prefill": "remote"},
                             "observability": {"request_log": False}})
         decode = Pool(RuntimeError("engine died"), WorkerError("decode-1", "gone"))
         router = build_router(cfg, Pool(PREFILL_OK), decode)

@@ -28,7 +28,7 @@ def _cfg():
             {"model": {"name": "tiny-v1"}, "lora": {"max_loras": 2}},
             {"model": {"name": "tiny-v2", "tiny_variant": 1}, "mode": "colocated"},
         ],
-        "disaggregation": {"spill_to_decode": False, "short_output_tokens": 0},
+        "disaggregation": {"prefill": "remote"},
         "aliases": [{"name": "chat", "targets": [{"model": "tiny-v1", "weight": 9},
                                                  {"model": "tiny-v2", "weight": 1}]}],
         "tenants": [{"name": "all", "api_key_hashes": [hash_api_key(KEY)]},

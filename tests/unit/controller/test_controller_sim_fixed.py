@@ -25,10 +25,7 @@ from splitserve.config import DECODE_MAX_NUM_SEQS, load_config
 from tests.scripts import load_script
 
 # scripts/bench_disagg.py's configurations: every prompt remote / the default policy.
-DISAGG = {"mode": "disaggregated", "disaggregation.min_remote_prompt_tokens": 0,
-          "disaggregation.spill_to_decode": False, "disaggregation.offload_to_prefill": False,
-          "disaggregation.slow_decode_tpot_fraction": 0,
-          "disaggregation.short_output_tokens": 0}
+DISAGG = {"mode": "disaggregated", "disaggregation.prefill": "remote"}
 COLOCATED = {"mode": "colocated", "pools.decode.replicas": 2}
 CONDITIONAL = {"mode": "disaggregated"}
 
@@ -65,8 +62,7 @@ def test_config_maps_to_the_deployed_pools() -> None:
     assert d.accelerator == "cpu" and d.shape == tiny_shape()
     assert d.max_seqs == DECODE_MAX_NUM_SEQS == 128  # the decode pool's slots, for every pool
     assert d.prefill_budget == CPU_PREFILL_TOKEN_BUDGET == 2048
-    assert d.kv_cache_bytes == GIB and d.routing.min_remote_prompt_tokens == 0
-    assert not d.routing.spill_to_decode and not d.routing.offload_to_prefill
+    assert d.kv_cache_bytes == GIB and d.routing.prefill == "remote"
     assert d.slo.ttft_s == 1.0 and d.slo.tpot_s == 0.1
     c = deployment(**COLOCATED)
     assert c.mode == "colocated" and dict(c.replicas) == {"colocated": 2}
@@ -122,110 +118,30 @@ def conditional(**settings) -> FixedDeployment:
     return deployment(**CONDITIONAL, **{f"disaggregation.{k}": v for k, v in settings.items()})
 
 
-def by_prompt(**settings) -> FixedDeployment:
-    """The conditional policy without its short-output rule: every path by the prompt alone."""
-    return conditional(short_output_tokens=0, **settings)
-
-
-def test_a_short_prompt_prefills_on_the_decode_replica_like_a_colocated_one() -> None:
-    d = by_prompt()
+def test_a_prompt_under_the_floor_runs_whole_on_the_decode_replica() -> None:
+    d = conditional(prefill="remote", min_remote_prompt_tokens=128)
     c = d.cost()
-    r = run_fixed(d, replay_trace([0.0], [100], [8], rate=1.0))  # under min_remote (128)
-    assert r.paths == {"short": 1} and r.completed == 1
+    r = run_fixed(d, replay_trace([0.0], [100], [8], rate=1.0))
+    assert r.paths == {"local": 1} and r.completed == 1
     # No handoff: the decode engine prefills the prompt, then decodes (as colocated).
     ttft = c.prefill_s(100) + c.acc.router_latency_s
     assert r.ttft_p50_s == pytest.approx(ttft, rel=1e-9)
 
 
 def test_an_idle_decode_pool_takes_the_prompt_itself_then_the_prefill_pool_does() -> None:
-    c = by_prompt().cost()
-    alone = run_fixed(by_prompt(), replay_trace([0.0], [1536], [16], rate=1.0))
-    assert alone.paths == {"spill": 1}  # decode idle: the handoff would only cost time
-    spilled = c.prefill_s(1536) + c.acc.router_latency_s
-    assert alone.ttft_p50_s == pytest.approx(spilled, rel=1e-9)
-    # Two at once: the second sees decode busy with the first prompt and goes remote, so the
-    # two engines prefill in parallel; with spilling off both queue on the prefill engine.
-    trace = replay_trace([0.0, 0.0], [1536, 1536], [16, 16], rate=2.0)
-    r = run_fixed(by_prompt(offload_to_prefill=False), trace)
-    assert r.paths == {"spill": 1, "remote": 1} and r.completed == 2
-    remote = run_fixed(by_prompt(spill_to_decode=False, offload_to_prefill=False), trace)
-    assert remote.paths == {"remote": 2} and remote.ttft_p90_s > r.ttft_p90_s
-
-
-def test_a_full_prefill_queue_prefills_locally() -> None:
-    trace = replay_trace([0.0] * 3, [1536] * 3, [4] * 3, rate=3.0)
-    r = run_fixed(by_prompt(max_prefill_queue=1, spill_to_decode=False,
-                            offload_to_prefill=False), trace)
-    assert r.paths == {"remote": 1, "queue_full": 2} and r.completed == 3
-
-
-def test_offloaded_requests_run_whole_on_the_prefill_replica() -> None:
-    # Many long streams: decode's streams outweigh the idle prefill pool by more than the
-    # margin, so later arrivals run prefill and decode on the prefill replica.
-    n = 12
-    trace = replay_trace(np.arange(n) * 0.01, [128] * n, [256] * n, rate=100.0)
-    on = run_fixed(conditional(offload_to_prefill=True), trace)
-    off = run_fixed(conditional(offload_to_prefill=False), trace)
-    assert on.paths.get("offload", 0) > 0 and "offload" not in off.paths
-    assert on.completed == off.completed == n
-    # Two engines decode instead of one: the streams finish sooner.
-    assert on.tpot_p50_s < off.tpot_p50_s
-    # Deterministic: the same seed gives the same run.
-    assert run_fixed(conditional(offload_to_prefill=True), trace).paths == on.paths
-
-
-def test_one_offloaded_request_costs_what_a_colocated_one_does() -> None:
-    d = by_prompt(offload_to_prefill=True, offload_margin_tokens=0, decode_stream_cost_tokens=64)
-    c = d.cost()
-    # The first request decodes on decode (short); then decode holds one stream (64 tokens of
-    # load) against an idle prefill pool: the second request is offloaded.
-    trace = replay_trace([0.0, 0.5], [100, 100], [400, 8], rate=2.0)
-    r = run_fixed(d, trace)
-    assert r.paths == {"short": 1, "offload": 1} and r.completed == 2
-    alone = c.prefill_s(100) + c.acc.router_latency_s
-    assert r.ttft_p50_s == pytest.approx(alone, rel=1e-9)  # neither waited for the other
-
-
-def test_short_outputs_run_whole_on_the_less_loaded_pool_as_on_colocated_engines() -> None:
-    # Long prompts, short outputs, arriving faster than one engine prefills them: the rule
-    # spreads whole requests over both engines, so no prompt waits in two queues or pays a
-    # handoff; without it, every prompt the decode engine does not spill waits behind the prefill
-    # engine and then for decode.
-    n = 8
-    trace = replay_trace(np.arange(n) * 0.05, [1536] * n, [16] * n, rate=20.0)
-    d = conditional()
-    c = d.cost()
-    r = run_fixed(d, trace)
-    assert r.paths == {"short_output": n // 2, "short_output_offload": n // 2}
-    assert r.completed == n
-    colocated = run_fixed(deployment(**COLOCATED), trace)
-    assert r.ttft_p90_s < run_fixed(by_prompt(), trace).ttft_p90_s
-    assert r.ttft_p90_s <= colocated.ttft_p90_s  # least-loaded placement, no handoff
-    # Alone, it runs on the decode engine (a tie stays there), as on an idle colocated one.
-    alone = run_fixed(d, replay_trace([0.0], [1536], [16], rate=1.0))
-    assert alone.paths == {"short_output": 1}
-    assert alone.ttft_p50_s == pytest.approx(c.prefill_s(1536) + c.acc.router_latency_s, rel=1e-9)
-    # Past the threshold, the prompt's own rules decide again.
-    long = run_fixed(d, replay_trace([0.0], [1536], [33], rate=1.0))
-    assert long.paths == {"spill": 1}
-
-
-def test_a_slow_decode_pool_hands_whole_requests_to_the_prefill_replica() -> None:
-    # Long streams arriving together. With a TPOT target the decode engine's step already
-    # exceeds (1 ms: limit 0.5 ms), arrivals after the first decoding ones run whole on the
-    # prefill replica while its streams are faster: both engines decode, as two colocated ones.
-    n = 12
-    trace = replay_trace(np.arange(n) * 0.01, [128] * n, [256] * n, rate=100.0)
-    on = {"disaggregation.slow_decode_tpot_fraction": 0.5}  # off by default
-    tight = run_fixed(deployment(**CONDITIONAL, **on, **{"slo.tpot_ms": 1}), trace)
-    assert tight.paths.get("slow_decode", 0) > 0 and tight.completed == n
-    assert 0 < sum(v for k, v in tight.paths.items() if k != "slow_decode")  # decode has some
-    # With the default 100 ms target this light load never slows decode: the rule stays idle.
-    default = run_fixed(deployment(**CONDITIONAL, **on), trace)
-    assert "slow_decode" not in default.paths and default.completed == n
-    assert tight.tpot_p50_s < default.tpot_p50_s  # two engines decode instead of one
-    off = deployment(**CONDITIONAL, **{"slo.tpot_ms": 1})  # the rule off, as by default
-    assert "slow_decode" not in run_fixed(off, trace).paths
+    c = conditional().cost()
+    alone = run_fixed(conditional(), replay_trace([0.0], [1536], [16], rate=1.0))
+    assert alone.paths == {"local": 1}  # decode idle: the handoff would only cost time
+    assert alone.ttft_p50_s == pytest.approx(c.prefill_s(1536) + c.acc.router_latency_s,
+                                             rel=1e-9)
+    # Long prompts arriving together: once decode is prefilling and streaming, the next go to
+    # the prefill pool, so both engines prefill; every prompt remote queues on one engine.
+    trace = replay_trace(np.arange(6) * 0.05, [1536] * 6, [16] * 6, rate=20.0)
+    r = run_fixed(conditional(), trace)
+    on_prefill = r.paths.get("remote", 0) + r.paths.get("offload", 0)
+    assert r.paths.get("local", 0) >= 1 and on_prefill >= 1 and r.completed == 6
+    remote = run_fixed(conditional(prefill="remote"), trace)
+    assert remote.paths == {"remote": 6} and remote.ttft_p90_s > r.ttft_p90_s
 
 
 # --- scripts/sim_vs_measured.py ----------------------------------------------------------------
@@ -269,7 +185,7 @@ def test_script_compares_every_measured_point(tmp_path: Path, capsys) -> None:
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     rows = {(r["config"], r["rate"]): r for r in result["rows"]}
     assert len(rows) == 3
-    assert rows[("conditional", 1.0)]["predicted"]["paths"] == {"short": 12}  # 6 x 2 seeds
+    assert rows[("conditional", 1.0)]["predicted"]["paths"] == {"local": 12}  # 6 x 2 seeds
     first, second = rows[("disagg", 0.5)], rows[("disagg", 1.0)]
     # The first rate's prompts after the 2 warm-up ones are cold; every prompt is warm later.
     assert first["predicted"]["ttft_p90_ms"] > 2 * second["predicted"]["ttft_p90_ms"]

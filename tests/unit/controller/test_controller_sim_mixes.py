@@ -32,11 +32,10 @@ def test_only_the_conditional_arm_asks_the_router_policy() -> None:
 
 
 def test_conditional_routing_settings_reach_the_policy() -> None:
-    # With every prompt below the remote threshold, the policy prefills all of them on decode.
-    local = DisaggregationConfig(min_remote_prompt_tokens=10**6, spill_to_decode=False,
-                                 short_output_tokens=0)
+    # With `prefill: local`, the policy runs every request whole on decode.
+    local = DisaggregationConfig(prefill="local")
     cond = small_arm(MIXES[0], "conditional", routing=local)
-    assert cond.result.paths == {"short": cond.result.requests}
+    assert cond.result.paths == {"local": cond.result.requests}
 
 
 @pytest.mark.parametrize("mix", [m for m in MIXES if m.prompt_tokens >= 2048], ids=lambda m: m.name)
@@ -65,7 +64,7 @@ def _script():
 def test_script_prints_the_table_and_writes_json(tmp_path: Path, capsys) -> None:
     out = tmp_path / "mixes.json"
     rc = _script().main(["--rate", "20", "--duration", "20", "--mix", "short", "--slo", "300/30",
-                         "--set", "disaggregation.offload_to_prefill=true", "--out", str(out)])
+                         "--set", "disaggregation.prefill=remote", "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| short (128 / 64) | 300 ms / 30 ms |" in printed
