@@ -35,6 +35,7 @@ from splitserve.router.adapters import AdapterRegistry
 from splitserve.router.catalog import ModelCatalog
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
+from splitserve.router.drain import Drain
 from splitserve.router.errors import APIError, model_not_found, sse, too_large, unavailable
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.pool_metrics import PoolStateCollector
@@ -124,6 +125,7 @@ class Router:
             metrics_at=None if port is None else (port, cfg.router.host),
         )
         self.tracing = Tracing.from_config(cfg.tracing)
+        self.stopping = Drain()  # `drain` (the launcher's stop) refuses, waits, ends
         self._setup_models(pools)
         self.metrics.registry.register(
             PoolStateCollector(self.tenancy.gates, self.dispatcher.replicas)
@@ -199,7 +201,9 @@ class Router:
         """Readiness (`router/readiness.py`): 200 while the router can serve, its body `ok`, or
         `degraded` when a pool is short and a fallback serves (no prefill pool: local prefill on
         decode); 503 `unavailable` when no model's decode pool answers. Pool states are short
-        words; what failed goes to the log."""
+        words; what failed goes to the log. 503 `draining` once the replica is stopping."""
+        if self.stopping.draining:
+            return JSONResponse({"status": "draining"}, 503)
         pings: dict[str, dict[str, str]] = {}
         pools = [(m, role, h) for m, r in self.routes.items() for role, h in r.pools.items()]
         states = await asyncio.gather(
@@ -243,6 +247,13 @@ class Router:
                             err or f"no answer within {self.cfg.router.health_timeout_s}s")
         seen[name] = state
         return state
+
+    async def drain(self, grace_s: float) -> dict[str, int]:
+        """Stop this replica serving (called on every replica by the launcher's stop, through
+        `DeploymentHandle.broadcast`): new generation requests get 503 `shutting_down` and
+        readiness 503 `draining`; requests in flight get `grace_s` to finish, then end with an
+        error (router/drain.py). Answers once none is left: the `DrainReport` as a dict."""
+        return dataclasses.asdict(await self.stopping.drain(grace_s))
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
@@ -389,7 +400,9 @@ class Router:
             log_prompt=self.cfg.observability.log_prompts,
         )
         try:
-            response = await self._handle(endpoint, request, trace, obs)
+            self.stopping.admit()
+            with self.stopping.hold():
+                response = await self._handle(endpoint, request, trace, obs)
             status = response.status_code
             return response
         except APIError as err:
@@ -445,11 +458,11 @@ class Router:
         timeout_s = request_timeout(
             self.cfg.router.request_timeout_s, request.headers.get(TIMEOUT_HEADER)
         )
-        chunks = obs.stream(trace.stream(
+        chunks = obs.stream(trace.stream(self.stopping.guard(
             within_deadline(
                 self._generate(tenant, gen_req, route, trace.context, n=fwd.choices), timeout_s
             )
-        ))
+        )))
         if fwd.stream:
             return await self._stream(chunks)
         return await self._whole(chunks)

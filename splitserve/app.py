@@ -14,6 +14,12 @@ from splitserve.models import resolve_model_path
 
 APP_NAME = "splitserve"
 Device = Literal["cpu", "cuda"]
+# How often Serve checks a stopping replica for unfinished requests (Serve's default: 2 s). On
+# `splitserve serve`'s stop the routers have drained first (router/drain.py), so a replica has
+# none and stops at its first check; Serve stops the router, then each pool, one after another,
+# and every check period is paid once per deployment. A scale-down's drain is still bounded by
+# `graceful_shutdown_timeout_s`, not by this.
+SHUTDOWN_CHECK_PERIOD_S = 0.5
 
 
 def resolve_device(cfg: SplitserveConfig, cluster_gpus: float) -> Device:
@@ -65,6 +71,7 @@ def pool_deployment_options(
         "graceful_shutdown_timeout_s": (
             cfg.autoscaling.drain_timeout_s if cfg.autoscaling is not None else 30
         ),
+        "graceful_shutdown_wait_loop_s": SHUTDOWN_CHECK_PERIOD_S,
         # splitserve's routing policy for this pool (router/replica_router.py)
         "request_router_config": {
             "request_router_class": "splitserve.router.replica_router.PolicyRequestRouter",
@@ -84,6 +91,7 @@ def router_deployment_options(cfg: SplitserveConfig) -> dict:
         "num_replicas": cfg.router.replicas,
         "ray_actor_options": {"num_cpus": 0},
         "max_ongoing_requests": 4096,
+        "graceful_shutdown_wait_loop_s": SHUTDOWN_CHECK_PERIOD_S,
     }
 
 

@@ -2,10 +2,19 @@
 
 The launcher is a thin shell: it gathers what the pure builders need (config, device), applies
 their result with Ray Serve, and reports. Ctrl-C or SIGTERM during start-up or while serving
-tears everything down: the Serve application (whose replicas stop their engine processes), then
-the local Ray cluster if this process started it. A first signal is a requested stop and exits 0
-whichever phase it lands in (an orchestrator's SIGTERM is not an error); a second signal stops
-waiting politely and exits 130.
+tears everything down, in this order:
+
+1. drain: every router replica refuses new requests (503) and gives those in flight
+   `router.shutdown_grace_s` to finish, then ends the rest with an error (router/drain.py);
+2. Serve: with nothing in flight, replicas stop at once (their engines' `EngineCore` processes
+   with them) however long `graceful_shutdown_timeout_s` is (a scale-down's drain, up to
+   `autoscaling.drain_timeout_s`); then the autoscaling controller actor;
+3. Ray: the local cluster if this process started it, and any process of its tree still
+   running after that (splitserve/processes.py). A joined cluster keeps running.
+
+A first signal is a requested stop and exits 0 whichever phase it lands in (an orchestrator's
+SIGTERM is not an error); a second signal skips the drain and Serve's shutdown, stops Ray and
+the local process tree at once, and exits 130.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
+from splitserve import processes
 from splitserve.app import APP_NAME, build_app, resolve_device, serve_run_options
 from splitserve.config import SplitserveConfig
 from splitserve.kv_transfer.compat import CompatibilityError
@@ -27,6 +37,9 @@ POLL_S = 0.5
 # Serve reports a replica it cannot place after 30 s; a cluster that cannot grow will never place
 # it, so the launcher gives up with Serve's explanation instead of waiting forever.
 UNSCHEDULABLE_MARKER = "to be scheduled"
+# How much longer than the routers' own bound (grace period + ENDED_CLOSE_S) the launcher waits
+# for their drain reports: a router replica that does not answer by then is stopped with Serve.
+DRAIN_REPLY_MARGIN_S = 10.0
 
 
 class LaunchError(RuntimeError):
@@ -43,7 +56,11 @@ class Session:
 
     started_local_ray: bool
     device: str
+    grace_s: float = 0.0  # router.shutdown_grace_s
+    deployed: bool = False  # the application is up: its routers can drain
     stop_requested: threading.Event = field(default_factory=threading.Event)
+    forced: threading.Event = field(default_factory=threading.Event)  # a second signal came
+    final: bool = False  # in the last phase of `stop`: a signal no longer interrupts it
 
 
 def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
@@ -124,29 +141,94 @@ def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
         raise LaunchError(f"deployment failed: {failure[0]}") from failure[0]
 
 
+def drain(session: Session, console: Console) -> None:
+    """Drain every router replica (`Router.drain`) and report what it did; never raises."""
+    from ray import serve
+
+    from splitserve.router.drain import ENDED_CLOSE_S
+
+    grace = session.grace_s
+    console.print(f"splitserve: draining (in-flight requests get up to {grace:g} s)...")
+    try:
+        handle = serve.get_deployment_handle("router", app_name=APP_NAME)
+        reports = handle.broadcast("drain", grace).results(
+            timeout_s=grace + ENDED_CLOSE_S + DRAIN_REPLY_MARGIN_S, return_exceptions=True
+        )
+    except Exception as err:  # noqa: BLE001 - Serve's shutdown ends what is left
+        console.print(f"splitserve: routers did not drain ({type(err).__name__}: {err})")
+        return
+    done = [r for r in reports if isinstance(r, dict)]
+    finished = sum(max(r["in_flight"] - r["ended"], 0) for r in done)
+    ended = sum(r["ended"] for r in done)
+    console.print(f"splitserve: drained {len(done)}/{len(reports)} routers: {finished} requests "
+                  f"finished, {ended} ended at the end of the grace period")
+
+
 def stop(session: Session, console: Console) -> None:
-    """Tear down what `start` brought up (idempotent)."""
+    """Tear down what `start` brought up (idempotent): drain, Serve, the controller, Ray, then
+    any process of the local cluster's tree still running. A second signal (`session.forced`)
+    skips straight to the last step."""
     import ray
     from ray import serve
 
     if not ray.is_initialized():
         return
     console.print("splitserve: shutting down...")
+    tree = processes.descendants() if session.started_local_ray else {}
     try:
-        if session.started_local_ray:
-            serve.shutdown()
-        else:
-            serve.delete(APP_NAME)
+        if not session.forced.is_set():
+            if session.deployed:
+                drain(session, console)
+            if session.started_local_ray:
+                serve.shutdown()
+            else:
+                serve.delete(APP_NAME)
+            _stop_autoscaler()
     finally:
+        session.final = True
+        if session.started_local_ray:
+            tree.update(processes.descendants())
         ray.shutdown()
+        left = processes.stop_all(tree)
+        if left:
+            console.print(f"splitserve: stopped {len(left)} processes that outlived Ray: "
+                          + ", ".join(left))
     console.print("splitserve: stopped")
+
+
+def _stop_autoscaler() -> None:
+    """End the autoscaling controller actor, if any (it is detached: on a joined cluster it
+    would otherwise outlive the application by a few control periods)."""
+    import ray
+
+    from splitserve.controller.live import get_controller
+
+    try:
+        ray.kill(get_controller(), no_restart=True)
+    except ValueError:  # none running
+        pass
 
 
 def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
     """Run `splitserve serve` to completion; returns the process exit code."""
     console = Console(highlight=False)
-    session = Session(started_local_ray=False, device="cpu")
+    session = Session(started_local_ray=False, device="cpu", grace_s=cfg.router.shutdown_grace_s)
     _install_signal_handlers(session)
+    code = 1
+    try:
+        code = _serve(cfg, session, console, verbose=verbose)
+    except KeyboardInterrupt:  # a second signal while starting
+        code = 130
+    finally:
+        try:
+            stop(session, console)
+        except KeyboardInterrupt:  # a second signal during the polite part: stop's last step ran
+            code = 130
+    return code
+
+
+def _serve(cfg: SplitserveConfig, session: Session, console: Console, *, verbose: bool) -> int:
+    """Start and serve until a signal; the exit code (stopping is the caller's)."""
     try:
         views = cfg.model_views()
         for view in views:
@@ -167,6 +249,7 @@ def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
             console.print(f"splitserve: deploying {view.model.name} {view.mode} on "
                           f"{session.device}: {pools}")
         deploy(cfg, session, console)
+        session.deployed = True
         url = f"http://{cfg.router.host}:{cfg.router.port}/v1"
         names = ", ".join(v.model.name for v in views)
         console.print(f"splitserve ready: {url}  (models {names})", style="bold green")
@@ -176,20 +259,20 @@ def serve_forever(cfg: SplitserveConfig, *, verbose: bool = False) -> int:
         return 0
     except StopRequested:
         return 0
-    except KeyboardInterrupt:
-        return 130
     except (LaunchError, CompatibilityError) as err:
         console.print(f"splitserve: {err}", style="bold red")
         return 1
-    finally:
-        stop(session, console)
 
 
 def _install_signal_handlers(session: Session) -> None:
     def handler(signum: int, _frame) -> None:
-        if session.stop_requested.is_set():
-            raise KeyboardInterrupt  # second signal: stop waiting politely
-        session.stop_requested.set()
+        if not session.stop_requested.is_set():
+            session.stop_requested.set()
+            return
+        if session.forced.is_set() or session.final:
+            return  # already stopping for good: let the last step finish
+        session.forced.set()
+        raise KeyboardInterrupt  # second signal: stop waiting politely
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,184 @@
+"""SIGTERM to a serving `splitserve serve` with streams in flight (issue 25, point 7).
+
+A real `splitserve serve` subprocess (colocated, the tiny model, one real vLLM engine) in its own
+session, streams read with the real `openai` client. After SIGTERM: requests are refused (503
+`shutting_down`, or the connection once the listener is gone), every stream completes or ends
+with the shutdown's error event, the process exits 0 within the grace period plus a teardown
+bound (a bound, not a speed test), and no process of its tree or its process group is left:
+no raylet, gcs_server, Serve replica or vLLM EngineCore.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.conftest import free_port, wait_healthy
+
+GRACE_S = 8.0  # router.shutdown_grace_s of the deployment under test
+# What stopping Serve, the engine and the local Ray cluster may take after the grace period on
+# two shared cores (measured about 10 s); the test fails only past it.
+TEARDOWN_BOUND_S = 45.0
+STREAMS = 3
+MODEL = "splitserve-tiny"
+
+
+def _stream(client: openai.OpenAI, max_tokens: int, started: threading.Event, out: list) -> None:
+    """One streamed completion; appends ("completed", finish_reason) or ("error", exception)."""
+    try:
+        stream = client.completions.create(
+            model=MODEL, prompt="a long story about the sea", max_tokens=max_tokens,
+            stream=True, extra_body={"ignore_eos": True},
+        )
+        finish = None
+        for chunk in stream:
+            started.set()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        out.append(("completed", finish))
+    except Exception as err:  # noqa: BLE001 - classified by the test
+        out.append(("error", err))
+    finally:
+        started.set()
+
+
+def _refused(base: str) -> tuple[str, int | None, dict]:
+    """Send one small request: ("answered", 200, body), ("refused", 503, body) or
+    ("closed", None, {}) when nothing listens any more."""
+    try:
+        r = httpx.post(f"{base}/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": "hi", "max_tokens": 1,
+        })
+    except httpx.TransportError:
+        return "closed", None, {}
+    return ("answered" if r.status_code == 200 else "refused"), r.status_code, r.json()
+
+
+def _tree_and_group(pid: int) -> dict[int, psutil.Process]:
+    """The live descendants of `pid` and every process of its process group."""
+    procs = {p.pid: p for p in psutil.Process(pid).children(recursive=True)}
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pid:
+                procs.setdefault(p.pid, p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    procs.pop(pid, None)
+    return procs
+
+
+def _left(procs: dict[int, psutil.Process]) -> dict[int, str]:
+    out = {}
+    for pid, p in procs.items():
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out[pid] = f"{p.name()} {' '.join(p.cmdline())[:120]}"
+        except psutil.Error:
+            pass
+    return out
+
+
+def _group_left(pgid: int) -> dict[int, str]:
+    out = {}
+    for p in psutil.process_iter(["name"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out[p.pid] = p.info["name"]
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return out
+
+
+@pytest.mark.engine
+def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text(f"mode: colocated\nrouter:\n  shutdown_grace_s: {GRACE_S}\n")
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "w+")  # noqa: SIM115 - the subprocess writes it; closed in finally
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg), "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400"},
+    )
+    threads: list[threading.Thread] = []
+    try:
+        wait_healthy(base, timeout_s=600)
+        deadline = time.monotonic() + 300
+        while "splitserve ready" not in log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
+            time.sleep(1)
+
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=300)
+        outcomes: list = []
+        # Long streams that cannot all finish within the grace period on two cores, and a
+        # short one that can: both ends of the drain are exercised.
+        budgets = [1900] * (STREAMS - 1) + [64]
+        started = [threading.Event() for _ in budgets]
+        threads = [threading.Thread(target=_stream, args=(client, n, ev, outcomes), daemon=True)
+                   for n, ev in zip(budgets, started, strict=True)]
+        for t in threads:
+            t.start()
+        for ev in started:
+            assert ev.wait(120), "a stream did not start"
+        tree = _tree_and_group(proc.pid)
+        names = " ".join(_left(tree).values())
+        assert "raylet" in names and "gcs_server" in names and "EngineCore" in names, names
+
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+
+        # New requests are refused once the routers drain (until then one may still be served).
+        seen = []
+        while True:
+            kind, status, body = _refused(base)
+            seen.append((kind, status))
+            if kind != "answered":
+                break
+            assert time.monotonic() - sent < GRACE_S, seen
+            time.sleep(0.2)
+        if kind == "refused":
+            assert status == 503, body
+            assert body["error"]["code"] == "shutting_down", body
+            assert "shutting down" in body["error"]["message"], body
+            health = httpx.get(f"{base}/health/ready", timeout=30)
+            assert (health.status_code, health.json()) == (503, {"status": "draining"})
+
+        assert proc.wait(timeout=GRACE_S + TEARDOWN_BOUND_S) == 0
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive(), "a stream hangs after the server exited"
+        assert len(outcomes) == STREAMS
+        for result, detail in outcomes:
+            if result == "completed":
+                assert detail == "length", outcomes
+            else:  # the error event that ends a stream at the end of the grace period
+                assert isinstance(detail, openai.APIError), outcomes
+                assert "shutting down" in detail.message, outcomes
+
+        deadline = time.monotonic() + 30
+        while (_left(tree) or _group_left(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _left(tree) == {}
+        assert _group_left(proc.pid) == {}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.seek(0)
+        output = log.read()
+        log.close()
+        print(output)  # shown by pytest when the test fails
+    flat = " ".join(output.split())
+    assert "splitserve: draining (in-flight requests get up to 8 s)" in flat
+    assert "splitserve: drained 1/1 routers" in flat
+    assert "splitserve: stopped" in flat
