@@ -15,6 +15,7 @@ LLMInferenceService spec, so that spec is a plain mapping inside the typed outer
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ SERVE_COMMAND = (
 
 SHM_VOLUME = "dshm"  # emptyDir (medium Memory) at /dev/shm when a pool runs TP > 1 (NCCL)
 HF_TOKEN_ENV = "HF_TOKEN"
+# What stopping Serve, the engines and Ray may take after `splitserve serve`'s drain: a bound on
+# the pod's termination, not a measurement (about 10 s with the tiny model on two CPU cores).
+TEARDOWN_MARGIN_S = 30
 
 
 @dataclass
@@ -202,6 +206,13 @@ def serving_runtime(*, name: str, image: str, namespace: str | None = None,
     return _serialize(runtime)
 
 
+def termination_grace_period_s(cfg: SplitserveConfig) -> int:
+    """The pod's terminationGracePeriodSeconds: `router.shutdown_grace_s` (the drain after
+    SIGTERM) rounded up, plus `TEARDOWN_MARGIN_S` (pure; the chart's
+    splitserve.terminationGracePeriodSeconds)."""
+    return math.ceil(cfg.router.shutdown_grace_s) + TEARDOWN_MARGIN_S
+
+
 def inference_service(cfg: SplitserveConfig, *, name: str, runtime: str,
                       namespace: str | None = None, cpu: str = "8", memory: str = "64Gi",
                       labels: dict[str, str] | None = None,
@@ -243,6 +254,7 @@ def inference_service(cfg: SplitserveConfig, *, name: str, runtime: str,
     pod = pod or PodOptions()
     shm = any(p.tensor_parallel_size > 1 for p in cfg.deployed_pools().values())
     predictor, container = out["spec"]["predictor"], out["spec"]["predictor"]["model"]
+    predictor["terminationGracePeriodSeconds"] = termination_grace_period_s(cfg)
     container["env"] += pod.container_env()
     if mounts := pod.mounts(shm):
         container["volumeMounts"] = mounts

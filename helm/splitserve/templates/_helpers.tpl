@@ -289,3 +289,14 @@ clusterUpgradeOptions:
   {{- toYaml $o | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/*
+The pods' terminationGracePeriodSeconds: config.router.shutdown_grace_s (how long `splitserve
+serve` gives requests in flight after SIGTERM; 20 when unset, as in splitserve.config) rounded up,
+plus 30 s to stop Serve, the engines and Ray after the drain. Mirrors
+splitserve.k8s.kserve.termination_grace_period_s.
+*/}}
+{{- define "splitserve.terminationGracePeriodSeconds" -}}
+{{- $cfg := include "splitserve.config" . | fromYaml }}
+{{- add (int (ceil (dig "router" "shutdown_grace_s" 20.0 $cfg))) 30 }}
+{{- end }}
