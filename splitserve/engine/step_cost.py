@@ -44,7 +44,7 @@ class StepCostFit:
     def coefficients(self) -> tuple[float, float | None, float | None]:
         """(step_s, per_seq_s, per_token_s); a coefficient its steps do not determine is None
         (a prefill-only engine never shows its per-sequence cost, a decode-only one its
-        per-token cost). All are >= 0: a negative fit drops that term."""
+        per-token cost). All are >= 0: a term whose fit is negative is 0 (refitted without it)."""
         known = [0]
         if self._seq_steps >= MIN_SAMPLES:
             known.append(1)
@@ -52,14 +52,17 @@ class StepCostFit:
             known.append(2)
         if len(known) == 1 and not (self._seq_steps or self._prefill_steps):
             return (0.0, None, None)
+        fitted = list(known)
         while True:
-            coef = _solve(self._xtx, self._xty, known)
-            negative = [k for k, c in zip(known, coef, strict=True) if c < 0 and k != 0]
+            coef = _solve(self._xtx, self._xty, fitted)
+            negative = [k for k, c in zip(fitted, coef, strict=True) if c < 0 and k != 0]
             if not negative:
                 break
-            known.remove(negative[0])
+            fitted.remove(negative[0])  # its steps show no cost of it: 0
         out: list[float | None] = [0.0, None, None]
-        for k, c in zip(known, coef, strict=True):
+        for k in known:
+            out[k] = 0.0
+        for k, c in zip(fitted, coef, strict=True):
             out[k] = max(float(c), 0.0)
         return (out[0] or 0.0, out[1], out[2])
 
