@@ -184,6 +184,9 @@ def stop(session: Session, console: Console) -> None:
             else:
                 serve.delete(APP_NAME)
             _stop_autoscaler()
+    except KeyboardInterrupt:
+        console.print("splitserve: second signal: stopping now")
+        raise
     finally:
         session.final = True
         if session.started_local_ray:
@@ -193,7 +196,7 @@ def stop(session: Session, console: Console) -> None:
         if left:
             console.print(f"splitserve: stopped {len(left)} processes that outlived Ray: "
                           + ", ".join(left))
-    console.print("splitserve: stopped")
+        console.print("splitserve: stopped")
 
 
 def _stop_autoscaler() -> None:

@@ -98,27 +98,35 @@ def _group_left(pgid: int) -> dict[int, str]:
     return out
 
 
-@pytest.mark.engine
-def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_path):
+def _start(tmp_path, grace_s: float):
+    """`splitserve serve` (colocated, `grace_s`) in a session of its own, output to a log."""
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     cfg = tmp_path / "deploy.yaml"
-    cfg.write_text(f"mode: colocated\nrouter:\n  shutdown_grace_s: {GRACE_S}\n")
+    cfg.write_text(f"mode: colocated\nrouter:\n  shutdown_grace_s: {grace_s}\n")
     log_path = tmp_path / "serve.log"
-    log = open(log_path, "w+")  # noqa: SIM115 - the subprocess writes it; closed in finally
+    log = open(log_path, "w+")  # noqa: SIM115 - the subprocess writes it; the test closes it
     proc = subprocess.Popen(
         [sys.executable, "-m", "splitserve.cli", "serve", "-c", str(cfg), "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "RAY_ADDRESS": "", "COLUMNS": "400"},
     )
+    return proc, f"http://127.0.0.1:{port}", log_path, log
+
+
+def _wait_ready(proc: subprocess.Popen, base: str, log_path) -> None:
+    wait_healthy(base, timeout_s=600)
+    deadline = time.monotonic() + 300
+    while "splitserve ready" not in log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
+        time.sleep(1)
+
+
+@pytest.mark.engine
+def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_path):
+    proc, base, log_path, log = _start(tmp_path, GRACE_S)
     threads: list[threading.Thread] = []
     try:
-        wait_healthy(base, timeout_s=600)
-        deadline = time.monotonic() + 300
-        while "splitserve ready" not in log_path.read_text(errors="replace"):
-            assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
-            time.sleep(1)
-
+        _wait_ready(proc, base, log_path)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=300)
         outcomes: list = []
         # Long streams that cannot all finish within the grace period on two cores, and a
@@ -181,4 +189,50 @@ def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_p
     flat = " ".join(output.split())
     assert "splitserve: draining (in-flight requests get up to 8 s)" in flat
     assert "splitserve: drained 1/1 routers" in flat
+    assert "splitserve: stopped" in flat
+
+
+@pytest.mark.engine
+def test_second_ctrl_c_skips_the_grace_period_and_still_leaves_no_process(tmp_path):
+    """Ctrl-C twice, as a terminal sends it (SIGINT to the whole foreground process group: the
+    launcher and the Ray processes it started in its group): exit 130 long before the grace
+    period would end, every process of the tree gone."""
+    grace_s = 600.0  # the drain would wait this long for the stream below
+    proc, base, log_path, log = _start(tmp_path, grace_s)
+    try:
+        _wait_ready(proc, base, log_path)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=300)
+        outcomes: list = []
+        started = threading.Event()
+        stream = threading.Thread(target=_stream, args=(client, 1900, started, outcomes),
+                                  daemon=True)
+        stream.start()
+        assert started.wait(120), "the stream did not start"
+        tree = _tree_and_group(proc.pid)
+        assert "EngineCore" in " ".join(_left(tree).values())
+
+        os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while "splitserve: draining" not in log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=TEARDOWN_BOUND_S) == 130  # far below grace_s
+
+        stream.join(timeout=60)
+        assert not stream.is_alive(), "the stream hangs after the server exited"
+        deadline = time.monotonic() + 30
+        while (_left(tree) or _group_left(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _left(tree) == {}
+        assert _group_left(proc.pid) == {}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.seek(0)
+        output = log.read()
+        log.close()
+        print(output)
+    flat = " ".join(output.split())
+    assert "splitserve: second signal: stopping now" in flat
     assert "splitserve: stopped" in flat
