@@ -153,7 +153,7 @@ class Router:
                 decode_migrations=self.cfg.router.decode_migrations,
                 tracing=self.tracing,
                 streaming=self.cfg.router.streaming,
-                tpot_slo_s=self.cfg.slo.tpot_ms / 1000,
+                tpot_slo_s=self.cfg.slo.tpot_ms / 1000, ttft_slo_s=self.cfg.slo.ttft_ms / 1000,
             )
 
         self.routes: dict[str, ModelRoute] = build_routes(

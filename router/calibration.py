@@ -85,6 +85,7 @@ class Calibration:
         self._steps: dict[str, StepCost] = {}
         self.handoff = LineFit()
         self._hop = _Running()
+        self._output = _Running()
 
     def engine_reported(self, pool: str, cost: StepCost | None) -> None:
         """An engine of `pool` reported its step cost (the last chunk of a request)."""
@@ -98,6 +99,16 @@ class Calibration:
     def hop_measured(self, seconds: float) -> None:
         """A hop's first token came `seconds` later than the engine's own TTFT says."""
         self._hop.add(max(seconds, 0.0))
+
+    def output_measured(self, tokens: int) -> None:
+        """A stream ended after `tokens` output tokens."""
+        if tokens > 0:
+            self._output.add(float(tokens))
+
+    @property
+    def stream_tokens(self) -> int | None:
+        """The streams' mean output length so far (None before one ended)."""
+        return None if self._output.value is None else max(round(self._output.value), 1)
 
     @property
     def hop_s(self) -> float:

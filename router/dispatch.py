@@ -31,7 +31,14 @@ from splitserve.router.coalescing import stream_interval
 from splitserve.router.errors import APIError, bad_request, server_error, unavailable
 from splitserve.router.forward import engine_request
 from splitserve.router.metrics import RouterMetrics
-from splitserve.router.policy import PoolLoad, Prediction, PrefillPath, decide, pool_views
+from splitserve.router.policy import (
+    PoolLoad,
+    Prediction,
+    PrefillPath,
+    Targets,
+    decide,
+    pool_views,
+)
 from splitserve.router.retry import (
     classify,
     failed_replica,
@@ -73,6 +80,8 @@ from splitserve.engine.messages import GenerateChunk, GenerateRequest
 
 log = logging.getLogger("splitserve.router")
 
+# The output length the rule assumes for a request without `max_tokens` before any stream ended.
+DEFAULT_OUTPUT = 256
 # Block size of the router's record of what each pool holds (vLLM's default KV block).
 PREFIX_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 
@@ -80,8 +89,8 @@ PREFIX_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 class Dispatcher:
     """Sends requests to pool handles; translates worker failures into `APIError`s.
 
-    `tpot_slo_s`: the deployment's TPOT target, which the disaggregation rule keeps
-    (`router/policy.py`; None: no target, the lowest predicted TTFT wins).
+    `ttft_slo_s`, `tpot_slo_s`: the deployment's targets, which the disaggregation rule keeps
+    (`router/policy.py`; None: no target).
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class Dispatcher:
         tracing: Tracing = NOOP_TRACING,
         streaming: StreamingConfig | None = None,
         tpot_slo_s: float | None = None,
+        ttft_slo_s: float | None = None,
     ) -> None:
         self.pools = pools
         self.streaming = streaming or StreamingConfig()
@@ -112,7 +122,7 @@ class Dispatcher:
         self._remote = {"requests": 0, "tokens": 0}
         self._local_tokens = {"decode": 0, "prefill": 0}
         self._offloaded = 0
-        self.tpot_slo_s = tpot_slo_s
+        self.targets = Targets(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s)
         self.calibration = Calibration()
         # What each pool was sent, to expect a prompt's cached tokens there (an approximation
         # of the pools' prefix caches: the router's own record, pool-wide).
@@ -138,7 +148,7 @@ class Dispatcher:
     def _path(self, req: GenerateRequest, load: PoolLoad,
               hashes: tuple[int, ...]) -> tuple[PrefillPath, Prediction | None]:
         """The request's path, and the rule's prediction when the rule chose it."""
-        if "prefill" not in self.pools:
+        if self.pools.get("prefill") is None:  # colocated
             return PrefillPath.COLOCATED, None
         if not req.disaggregable:
             return PrefillPath.MULTI_SEQUENCE, None
@@ -156,8 +166,10 @@ class Dispatcher:
         if costs[0] is None or costs[1] is None or handoff is None:
             return PrefillPath.REMOTE, None  # not measured yet: take (and so measure) remote
         views = pool_views(load, costs[0], costs[1], cached)
-        choice = decide(n_prompt, views["prefill"], views["decode"], handoff, self.tpot_slo_s,
-                        hop_s=self.calibration.hop_s)
+        output = req.sampling.max_tokens or self.calibration.stream_tokens or DEFAULT_OUTPUT
+        choice = decide(n_prompt, views["prefill"], views["decode"], handoff, self.targets,
+                        hop_s=self.calibration.hop_s, output_tokens=output,
+                        stream_tokens=self.calibration.stream_tokens)
         return choice.path, choice
 
     def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
@@ -182,7 +194,7 @@ class Dispatcher:
         request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
         load = self.load()  # one view of the pools for both decisions
-        hashes = self._hashes(req) if "prefill" in self.pools else ()
+        hashes = self._hashes(req) if self.pools.get("prefill") is not None else ()
         path, predicted = self._path(req, load, hashes)
         n_prompt = len(req.prompt_token_ids)
         req = self._coalesced(req, path.pool, load)
@@ -299,6 +311,7 @@ class Dispatcher:
                     yield chunk
             if first is not None:
                 self.signals.finished(pool, time.perf_counter() - first, n_out)
+                self.calibration.output_measured(n_out)
         finally:
             release_local()
 

@@ -15,8 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from splitserve.engine.messages import GenerateRequest, HTTPCall
 from splitserve.router.errors import bad_request
+
+from splitserve.engine.messages import GenerateRequest, HTTPCall
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -76,10 +77,12 @@ class Forwarded:
     @property
     def disaggregable(self) -> bool:
         """Whether the prompt may be prefilled on another engine than the one that decodes:
-        one prompt and one output sequence (vLLM's server returns one handoff per request, so
-        several sequences share one prefill on one engine), and no prompt logprobs (computed
-        by the engine that runs the prompt, and answered by the one that decodes)."""
-        return (self.choices == 1 and not self.payload.get("use_beam_search")
+        one prompt (vLLM's server returns one handoff per request; several samples of it share
+        one pull, `samples`), no beam search (its search re-submits growing prompts), and no
+        prompt logprobs (computed by the engine that runs the prompt, and answered by the one
+        that decodes)."""
+        return (self.choices == samples(self.payload)
+                and not self.payload.get("use_beam_search")
                 and self.payload.get("prompt_logprobs") is None)
 
     def prompt_text(self) -> Any:
@@ -134,6 +137,16 @@ def engine_request(req: GenerateRequest) -> GenerateRequest:
     if req.kv_transfer_params is not None and req.kv_transfer_params.get("do_remote_decode"):
         payload = prefill_payload(payload)
     return replace(req, http=replace(req.http, json=payload))
+
+
+def samples(payload: dict[str, Any] | None) -> int:
+    """Output sequences sampled from one prompt (`n`, or `best_of` when larger)."""
+    counts = [1]
+    for key in ("n", "best_of"):
+        value = (payload or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            counts.append(value)
+    return max(counts)
 
 
 def prefill_payload(payload: dict[str, Any]) -> dict[str, Any]:

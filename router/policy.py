@@ -1,8 +1,10 @@
 """Where a request's prompt is prefilled: one rule over live-measured costs (pure, no I/O).
 
-The rule: for each path a request can take, predict its time to first token and the time per
-output token of the streams it touches; take the path with the lowest predicted TTFT among those
-that keep the TPOT target, or, when none does, the one with the lowest predicted TPOT.
+The rule: for each path a request can take, predict its time to first token and the pace of
+the streams it touches (the longest gap between two tokens, and the mean time per output token);
+take the path with the lowest predicted TTFT among those that keep both SLOs (TTFT, and every
+gap within the TPOT target); when none does, among those that keep the TPOT target on average;
+when none does, the one with the lowest mean TPOT.
 
 The paths: `remote` (prefill on a prefill replica, hand the KV to a decode replica over NIXL),
 `local` (the whole request on a decode replica) and `offload` (the whole request on a prefill
@@ -28,8 +30,8 @@ class PrefillPath(str, Enum):
     LOCAL = "local"  # the whole request on a decode replica
     OFFLOAD = "offload"  # the whole request on a prefill replica
     COLOCATED = "colocated"  # no prefill pool deployed
-    # several prompts in one request, or prompt logprobs: whole on decode (one engine must run
-    # every prompt it answers for)
+    # several prompts in one request, beam search or prompt logprobs: whole on decode (one
+    # engine must run every prompt it answers for)
     MULTI_SEQUENCE = "multi_sequence"
 
     @property
@@ -132,24 +134,36 @@ def pool_views(load: PoolLoad, prefill: EngineCost, decode: EngineCost,
 
 @dataclass(frozen=True)
 class Prediction:
-    """A path's predicted time to first token, and the longest gap between tokens it brings:
-    its own stream's on the engine that decodes it, or the streams' on the engine that
-    prefills its prompt."""
+    """A path's predicted time to first token and what it does to token pace: `gap_s`, the
+    longest gap between two tokens it brings (its own stream's on the engine that decodes it,
+    or that of the streams on the engine that prefills its prompt, while it prefills), and
+    `tpot_s`, the same streams' mean time per output token with its prefill spread over them."""
 
     path: PrefillPath
     ttft_s: float
+    gap_s: float
     tpot_s: float
 
 
-def predict(prompt_tokens: int, prefill: PoolView, decode: PoolView,
-            handoff: HandoffCost, hop_s: float = 0.0) -> list[Prediction]:
+@dataclass(frozen=True)
+class Targets:
+    """The deployment's SLOs (`slo.ttft_ms`, `slo.tpot_ms`) in seconds; None: no target."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+def predict(prompt_tokens: int, prefill: PoolView, decode: PoolView, handoff: HandoffCost,
+            hop_s: float = 0.0, output_tokens: int = 256,
+            stream_tokens: int | None = None) -> list[Prediction]:
     """The three paths' predictions (remote, local, offload) for a prompt of `prompt_tokens`.
 
-    TPOT is the gap between a stream's tokens while the engine prefills beside it (a step with
-    a chunk of prompt tokens): streams must keep the target token by token, not on average.
-    `hop_s`: the router's hop to an engine and back, paid once on every path; the remote
-    path's second hop is in `handoff`.
+    `output_tokens`: this request's output (its `max_tokens`); `stream_tokens`: the typical
+    output of the streams already running (None: the same), over which a prefill's stall is
+    spread for their mean TPOT. `hop_s`: the router's hop to an engine and back, paid once on
+    every path; the remote path's second hop is in `handoff`.
     """
+    own, others = max(output_tokens, 1), max(stream_tokens or output_tokens, 1)
     p_new = max(prompt_tokens - prefill.cached_tokens, 0)
     d_new = max(prompt_tokens - decode.cached_tokens, 0)
     p_cost, d_cost = prefill.cost, decode.cost
@@ -157,38 +171,57 @@ def predict(prompt_tokens: int, prefill: PoolView, decode: PoolView,
     p_ahead, d_ahead = int(prefill.prefill_tokens), int(decode.prefill_tokens)
     p_prefill = p_cost.prefill_s(p_ahead + p_new, p_seqs)
 
-    def stalls(cost: EngineCost, seqs: int, tokens: int) -> float:
-        """The gap of the streams already on an engine while it prefills `tokens` more."""
-        return cost.step(seqs, tokens) if seqs else 0.0
+    def pace(cost: EngineCost, seqs: int, queued: int, new: int, tokens: int,
+             own_stream: bool) -> tuple[float, float]:
+        """(gap, mean TPOT) of the streams on an engine that prefills `new` more tokens
+        behind `queued` (with `own_stream`: the request's own stream of `tokens` joins them)."""
+        if not seqs and not own_stream:
+            return 0.0, 0.0
+        n = seqs + own_stream
+        stall = (queued + new) * cost.per_token_s
+        return cost.step(n, queued + new), cost.step(n) + stall / tokens
 
-    # Its own stream's gap on the engine that decodes it, beside the prefill queued there (a
-    # prefill engine's queue is full chunks whenever it serves remote prefills), and what its
-    # new prompt tokens do to the streams of the engine that prefills them.
+    def worst(*paces: tuple[float, float]) -> tuple[float, float]:
+        return max(g for g, _ in paces), max(t for _, t in paces)
+
     joins = d_cost.step(d_seqs + 1, d_ahead)  # decode's step once the request is in its batch
     remote_ttft = hop_s + prefill.wait_s + p_prefill + decode.wait_s + handoff(d_new) + joins
-    remote_tpot = max(joins, stalls(p_cost, p_seqs, p_new))
+    remote = worst(pace(d_cost, d_seqs, d_ahead, 0, own, True),
+                   pace(p_cost, p_seqs, p_ahead, p_new, others, False))
     local_ttft = hop_s + decode.wait_s + d_cost.prefill_s(d_ahead + d_new, d_seqs)
-    local_tpot = max(joins, stalls(d_cost, d_seqs, d_new))
+    local = worst(pace(d_cost, d_seqs, d_ahead, 0, own, True),
+                  pace(d_cost, d_seqs, d_ahead, d_new, others, False))
     offload_ttft = hop_s + prefill.wait_s + p_prefill
-    offload_tpot = max(p_cost.step(p_seqs + 1, p_cost.chunk_tokens),
-                       stalls(p_cost, p_seqs, p_new))
+    # a stream on a prefill engine shares its steps with full chunks of the remote prefills
+    # that engine is there for
+    offload = worst(pace(p_cost, p_seqs, max(p_ahead, p_cost.chunk_tokens), 0, own, True),
+                    pace(p_cost, p_seqs, p_ahead, p_new, others, False))
     return [
-        Prediction(PrefillPath.REMOTE, remote_ttft, remote_tpot),
-        Prediction(PrefillPath.LOCAL, local_ttft, local_tpot),
-        Prediction(PrefillPath.OFFLOAD, offload_ttft, offload_tpot),
+        Prediction(PrefillPath.REMOTE, remote_ttft, *remote),
+        Prediction(PrefillPath.LOCAL, local_ttft, *local),
+        Prediction(PrefillPath.OFFLOAD, offload_ttft, *offload),
     ]
 
 
-def choose(predictions: list[Prediction], tpot_slo_s: float | None) -> Prediction:
-    """The rule: the lowest predicted TTFT among paths that keep `tpot_slo_s` (None: all do);
-    when none does, the lowest predicted TPOT. Ties go to the earlier path in the list."""
-    keep = [p for p in predictions if tpot_slo_s is None or p.tpot_s <= tpot_slo_s]
-    if keep:
-        return min(keep, key=lambda p: p.ttft_s)
+def choose(predictions: list[Prediction], targets: Targets) -> Prediction:
+    """The rule: the lowest predicted TTFT among the paths that keep both targets (TTFT, and
+    every gap within the TPOT target); else among those whose streams keep the TPOT target on
+    average (a request that would miss its TTFT costs more than one slow step of others);
+    else the lowest mean TPOT. Ties go to the earlier path in the list."""
+    ttft, tpot = targets.ttft_s, targets.tpot_s
+    both = [p for p in predictions if (ttft is None or p.ttft_s <= ttft)
+            and (tpot is None or p.gap_s <= tpot)]
+    if both:
+        return min(both, key=lambda p: p.ttft_s)
+    paced = [p for p in predictions if tpot is None or p.tpot_s <= tpot]
+    if paced:
+        return min(paced, key=lambda p: p.ttft_s)
     return min(predictions, key=lambda p: (p.tpot_s, p.ttft_s))
 
 
 def decide(prompt_tokens: int, prefill: PoolView, decode: PoolView, handoff: HandoffCost,
-           tpot_slo_s: float | None, hop_s: float = 0.0) -> Prediction:
-    """Where this prompt is prefilled, with its predicted TTFT: `choose` over `predict`."""
-    return choose(predict(prompt_tokens, prefill, decode, handoff, hop_s), tpot_slo_s)
+           targets: Targets, hop_s: float = 0.0, output_tokens: int = 256,
+           stream_tokens: int | None = None) -> Prediction:
+    """Where this prompt is prefilled, with its predictions: `choose` over `predict`."""
+    return choose(predict(prompt_tokens, prefill, decode, handoff, hop_s, output_tokens,
+                          stream_tokens), targets)

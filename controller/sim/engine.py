@@ -36,6 +36,7 @@ from splitserve.router.policy import (
     HandoffCost,
     PoolLoad,
     PrefillPath,
+    Targets,
     decide,
     pool_views,
 )
@@ -52,12 +53,12 @@ class Simulation:
     with (None: every prompt is prefilled remotely). `router_replicas`: how many router
     replicas share the traffic; each decides with its own share of the work in flight (the
     policy's counts are per router replica), modelled as 1/`router_replicas` of the pools'.
-    `tpot_slo_s`: the TPOT target the rule keeps (None: the lowest predicted TTFT wins)."""
+    `tpot_slo_s`, `ttft_slo_s`: the targets the rule keeps (None: no target)."""
 
     def __init__(self, trace: Trace, specs: dict[str, PoolSpec], controller: Controller,
                  seed: int = 0, drain_s: float = 600.0,
                  routing: DisaggregationConfig | None = None, router_replicas: int = 1,
-                 tpot_slo_s: float | None = None) -> None:
+                 tpot_slo_s: float | None = None, ttft_slo_s: float | None = None) -> None:
         if router_replicas < 1:
             raise ValueError("router_replicas must be at least 1")
         self.trace, self.ctl, self.router_replicas = trace, controller, router_replicas
@@ -84,6 +85,8 @@ class Simulation:
         if self.routing is not None:
             context = float(np.mean(trace.prompt)) if n else 0.0
             self.costs = profile_costs(self.front, self.back, context)
+            self.mean_output = max(round(float(np.mean(trace.output))), 1) if n else 256
+        self.targets = Targets(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s)
         self.paths: dict[PrefillPath, int] = {}  # decisions taken, by path
         # The router's view of its work in flight, counted as router/dispatch.py counts it.
         self.remote_reqs = self.remote_tokens = 0  # remote prefills, until their handoff
@@ -136,7 +139,7 @@ class Simulation:
         p, o = self.prompt[req], self.output[req]
         path = PrefillPath.REMOTE
         if self.routing is not None:
-            path = self._decide(p, self.cached[req] if self.cached is not None else 0)
+            path = self._decide(p, self.cached[req] if self.cached is not None else 0, o)
             self.paths[path] = self.paths.get(path, 0) + 1
         remote_side = path is PrefillPath.REMOTE or path.pool == "prefill"
         pool = self.front if remote_side else self.back
@@ -161,7 +164,7 @@ class Simulation:
                 self.decode_streams += 1  # LOCAL: through the decode gate
         self._route(pool, req, now)
 
-    def _decide(self, prompt: int, cached: int) -> PrefillPath:
+    def _decide(self, prompt: int, cached: int, output: int) -> PrefillPath:
         """The router's choice for a prompt (`Dispatcher._path`, with the profile's costs)."""
         cfg = self.routing
         if cfg.prefill == "local" or prompt - cached < cfg.min_remote_prompt_tokens:
@@ -170,7 +173,8 @@ class Simulation:
             return PrefillPath.REMOTE
         prefill, decode, handoff = self.costs
         views = pool_views(self.load(), prefill, decode, {"prefill": cached, "decode": cached})
-        return decide(prompt, views["prefill"], views["decode"], handoff, self.tpot_slo_s).path
+        return decide(prompt, views["prefill"], views["decode"], handoff, self.targets,
+                      output_tokens=output, stream_tokens=self.mean_output).path
 
     def load(self) -> PoolLoad:
         """The pools as one router replica sees them now (`Dispatcher.load`): its share of the

@@ -102,6 +102,6 @@ def run_fixed(dep: FixedDeployment, trace: Trace, seed: int = 0) -> SimResult:
     ctl = Controller(ControlSpec("fixed-peak"), dict(dep.replicas))
     sim = Simulation(trace, specs, ctl, seed=seed,
                      routing=dep.routing if dep.mode == "disaggregated" else None,
-                     tpot_slo_s=dep.slo.tpot_s)
+                     tpot_slo_s=dep.slo.tpot_s, ttft_slo_s=dep.slo.ttft_s)
     raw = sim.run()
     return summarize(raw, trace, dep.slo, sim.pools, sim.timeline, "fixed", dep.mode)

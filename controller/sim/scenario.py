@@ -77,7 +77,8 @@ def build(scn: Scenario) -> tuple[Simulation, Plan, Trace]:
                           queue_targets(plan, maxes))
     ctl = Controller(control, {role: s.replicas for role, s in specs.items()})
     return Simulation(trace, specs, ctl, seed=scn.seed, routing=scn.routing,
-                      router_replicas=scn.router_replicas, tpot_slo_s=scn.slo.tpot_s), plan, trace
+                      router_replicas=scn.router_replicas, tpot_slo_s=scn.slo.tpot_s,
+                      ttft_slo_s=scn.slo.ttft_s), plan, trace
 
 
 def run_scenario(scn: Scenario) -> tuple[SimResult, list[dict]]:

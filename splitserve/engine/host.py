@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -20,9 +21,8 @@ from typing import Any
 import ray
 from ray import serve
 
-from splitserve.engine import faults
+from splitserve.engine import faults, vllm_server
 from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec, engine_env, engine_kwargs
-from splitserve.engine import vllm_server
 from splitserve.engine.messages import (
     EngineStats,
     GenerateChunk,
@@ -39,6 +39,7 @@ from splitserve.engine.step_cost import DropIterationLines
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.models import resolve_model
+from splitserve.router.forward import prefill_payload, samples
 
 log = logging.getLogger("splitserve.engine")
 
@@ -144,11 +145,9 @@ class EngineHost:
         log.info("%s: KV cache of %d tokens", self._holder, self.kv_capacity_tokens)
 
     def _build_engine(self, model_path: str, revision: str | None):
-        from vllm.config import KVTransferConfig
+        from vllm.config import KVTransferConfig, StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
-
-        from vllm.config import StructuredOutputsConfig
 
         kwargs = engine_kwargs(self.spec, model_path, revision)
         # the engine and vLLM's server share one structured-output config: the reasoning parser
@@ -214,6 +213,11 @@ class EngineHost:
         status: int | None = None
         first_out, error = [True], bytearray()
         call = req.http
+        pulled_by: vllm_server.RequestTap | None = None
+        if req.kv_transfer_params is not None and samples(call.json) > 1:
+            # Several samples of one prompt: its KV is pulled once, into the prefix cache, and
+            # the samples then read it there (one transfer, not one per sample).
+            pulled_by, call = await self._pull_once(app, call, kv_params)
 
         def progress(data: bytes = b"") -> GenerateChunk:
             """The tokens made since the last chunk (with vLLM's first-token latency on the
@@ -250,10 +254,11 @@ class EngineHost:
             if status is not None and status >= 400:
                 raise _rejected(self.replica_id, status, bytes(error))
             measured = None
-            for rid in tap.request_ids:
+            pulling = pulled_by or tap
+            for rid in pulling.request_ids:
                 measured = self._stats.pop_request_transfer(rid) or measured
             recomputed = self._recomputed(req, expired[0], measured)
-            pulled = _remote_blocks(tap.remote_kv) * self.kv_block_bytes
+            pulled = _remote_blocks(pulling.remote_kv) * self.kv_block_bytes
             yield GenerateChunk(
                 tap.take_tokens(), "", finish_reason=tap.finish_reason or "stop",
                 num_prompt_tokens=tap.num_prompt_tokens, num_cached_tokens=tap.num_cached_tokens,
@@ -264,8 +269,29 @@ class EngineHost:
                 engine_cost=self._stats.step_cost(self.chunk_tokens),
             )
         finally:
-            for rid in tap.request_ids:
+            for rid in tap.request_ids + (pulled_by.request_ids if pulled_by else []):
                 self._stats.pop_request_transfer(rid)
+
+    async def _pull_once(
+        self, app: Any, call: HTTPCall, kv_params: Any
+    ) -> tuple[vllm_server.RequestTap, HTTPCall]:
+        """Pull a handoff's KV with a one-token request of the same prompt (its blocks stay in
+        this engine's prefix cache), and return its tap and `call` without the handoff: the
+        samples that follow find the prompt cached. A failed pull costs nothing but the
+        prefill the samples then do themselves."""
+        body = prefill_payload(call.json or {})
+        body["request_id"] = f"{body.get('request_id', 'req')}-pull"
+        pull = dataclasses.replace(call, json=body)
+        tap = vllm_server.RequestTap(kv_params=kv_params)
+        parts = vllm_server.tapped_call(
+            app, pull.method, pull.path, pull.headers, pull.encoded(), pull.query, tap)
+        async with contextlib.aclosing(parts):
+            async for part in parts:
+                if isinstance(part, vllm_server.HTTPResponseStart) and part.status >= 400:
+                    log.warning("%s: pulling the KV of %s failed (%d); its samples prefill it",
+                                self._holder, body["request_id"], part.status)
+        rest = {k: v for k, v in (call.json or {}).items() if k != "kv_transfer_params"}
+        return tap, dataclasses.replace(call, json=rest)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Run one forwarded request (`req.http`) through vLLM's server to its end: yields the

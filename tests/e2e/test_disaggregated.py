@@ -134,6 +134,20 @@ def _prompt_ids(client, prompt: str) -> list[int]:
     return AutoTokenizer.from_pretrained(build_tiny_model())(prompt)["input_ids"]
 
 
+def test_four_samples_of_one_prompt_take_one_prefill_and_one_kv_transfer(deployment, client):
+    prompt = "Four samples share one handoff. " * 40
+    before, reasons = pool_stats("decode"), _decisions(deployment)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, n=4,
+                                  extra_body={"return_token_ids": True})
+    after = pool_stats("decode")
+    assert _decisions(deployment).get("remote", 0) == reasons.get("remote", 0) + 1
+    assert after.kv_transfers - before.kv_transfers == 1  # pulled once, not once per sample
+    assert after.kv_bytes_received > before.kv_bytes_received
+    expected = direct_greedy(_prompt_ids(client, prompt), 12, fresh_cache=True)
+    assert [c.model_extra["token_ids"] for c in r.choices] == [expected] * 4
+    assert r.usage.completion_tokens == 48
+
+
 def test_short_prompt_prefills_locally(deployment, client):
     before, kv_before = _decisions(deployment), pool_stats("decode").kv_bytes_received
     ttft_before = _ttft_sums(deployment)

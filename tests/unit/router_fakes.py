@@ -17,6 +17,7 @@ from starlette.requests import Request
 from splitserve.config import parse_config
 from splitserve.engine.messages import GenerateChunk, GenerateRequest
 from splitserve.router import tracing as tr
+from splitserve.router.drain import Drain
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.prompts import PromptBuilder
@@ -194,6 +195,7 @@ def build_router(cfg, prefill: Pool | None, decode: Pool | None, exporter=None, 
         PoolStateCollector(router.tenancy.gates, router.dispatcher.replicas)
     )
     router._background = []
+    router.stopping = Drain()
     return router
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from splitserve.engine.messages import GenerateRequest, Sampling
 from splitserve.router import forward
 from splitserve.router.errors import APIError
+
+from splitserve.engine.messages import GenerateRequest, Sampling
 
 
 def _fwd(endpoint="completions", **payload):
@@ -33,11 +33,14 @@ def test_the_output_budget_is_read_only_from_valid_values(payload, budget):
 
 
 @pytest.mark.parametrize(("payload", "choices", "disaggregable"), [
-    ({}, 1, True), ({"n": 3}, 3, False), ({"use_beam_search": True}, 1, False),
-    ({"prompt": ["a", "b"]}, 2, False), ({"prompt": [1, 2, 3]}, 1, True),
+    ({}, 1, True), ({"n": 3}, 3, True), ({"best_of": 2}, 2, True),
+    ({"use_beam_search": True}, 1, False), ({"prompt": ["a", "b"]}, 2, False),
+    ({"prompt": ["a", "b"], "n": 2}, 4, False), ({"prompt": [1, 2, 3]}, 1, True),
     ({"prompt_logprobs": 1}, 1, False),
 ])
-def test_several_sequences_or_prompt_logprobs_stay_on_one_engine(payload, choices, disaggregable):
+def test_several_prompts_beams_or_prompt_logprobs_stay_on_one_engine(payload, choices,
+                                                                      disaggregable):
+    # several samples of one prompt share one handoff (the decode engine pulls it once)
     fwd = _fwd(**payload)
     assert (fwd.choices, fwd.disaggregable) == (choices, disaggregable)
 

@@ -14,6 +14,7 @@ from splitserve.router.policy import (
     PoolLoad,
     PoolView,
     PrefillPath,
+    Targets,
     choose,
     decide,
     pool_views,
@@ -27,8 +28,8 @@ SLO = 0.050  # TPOT target
 
 
 def _path(prompt: int, prefill: PoolView, decode: PoolView, handoff: HandoffCost = FAST,
-          slo: float | None = SLO) -> PrefillPath:
-    return decide(prompt, prefill, decode, handoff, slo).path
+          slo: float | None = SLO, ttft: float | None = None, output: int = 256) -> PrefillPath:
+    return decide(prompt, prefill, decode, handoff, Targets(ttft, slo), output_tokens=output).path
 
 
 def test_engine_cost_step_and_chunked_prefill():
@@ -101,13 +102,25 @@ def test_whole_request_on_prefill_when_decode_cannot_keep_the_target():
 
 def test_when_no_path_keeps_the_target_the_lowest_tpot_wins():
     preds = predict(4096, PoolView(GPU), PoolView(GPU, streams=64), FAST)
-    best = choose(preds, tpot_slo_s=0.001)  # nothing is that fast
+    best = choose(preds, Targets(tpot_s=0.001))  # nothing is that fast
     assert best.tpot_s == min(p.tpot_s for p in preds)
 
 
 def test_without_a_target_the_lowest_ttft_wins():
     preds = predict(4096, PoolView(GPU), PoolView(GPU, streams=64), FAST)
-    assert choose(preds, None).ttft_s == min(p.ttft_s for p in preds)
+    assert choose(preds, Targets()).ttft_s == min(p.ttft_s for p in preds)
+
+
+def test_a_handoff_that_breaks_the_ttft_target_loses_to_one_slow_step():
+    # Beside 64 streams a 4k-token local prefill makes 74 ms steps (past the 50 ms gap
+    # target), but spread over 256 tokens the streams' mean TPOT stays within it. A TCP
+    # handoff of 4k tokens (1.3 s) breaks a 1 s TTFT target: the request runs whole on one
+    # engine, where its TTFT is kept (on the idle prefill engine: the fastest).
+    decode = PoolView(GPU, streams=64)
+    assert _path(4096, PoolView(GPU), decode, FAST, ttft=1.0) is PrefillPath.REMOTE
+    assert _path(4096, PoolView(GPU), decode, SLOW, ttft=1.0) is PrefillPath.OFFLOAD
+    busy_prefill = PoolView(GPU, streams=4, prefill_tokens=30_000)  # 0.75 s queued there
+    assert _path(4096, busy_prefill, decode, SLOW, ttft=1.0) is PrefillPath.LOCAL
 
 
 def test_predictions_add_the_hop_to_every_path():

@@ -144,6 +144,37 @@ def test_an_idle_decode_pool_takes_the_prompt_itself_then_the_prefill_pool_does(
     assert remote.paths == {"remote": 6} and remote.ttft_p90_s > r.ttft_p90_s
 
 
+def _h100_share_remote(kv_bytes_per_s: float) -> float:
+    """Share of prompts the rule sends remote in the simulator on one prefill and one decode
+    H100 (Llama-3-8B; 400 prompts of 64 to 6000 tokens, 128 output tokens, 2 req/s) whose
+    handoff moves KV at `kv_bytes_per_s`; the config is the default."""
+    from splitserve.controller.control import Controller, ControlSpec
+    from splitserve.controller.profiles import ReplicaCost, h100_80gb, model_shape
+    from splitserve.controller.sim.engine import Simulation
+    from splitserve.controller.sim.pool import PoolSpec
+
+    acc = replace(h100_80gb(), kv_transfer_bw=kv_bytes_per_s)
+    cost = ReplicaCost(model_shape("llama-3-8b", "llama-3-8b"), acc)
+    rng = np.random.default_rng(0)
+    n, rate = 400, 2.0
+    trace = replay_trace(np.sort(rng.uniform(0, n / rate, n)),
+                         rng.integers(64, 6000, n).tolist(), [128] * n, rate=rate)
+    specs = {role: PoolSpec(role, cost, 1, max_replicas=1) for role in ("prefill", "decode")}
+    cfg = load_config(None)
+    sim = Simulation(trace, specs, Controller(ControlSpec("fixed-peak"),
+                                              {"prefill": 1, "decode": 1}),
+                     routing=cfg.disaggregation, tpot_slo_s=cfg.slo.tpot_ms / 1e3,
+                     ttft_slo_s=cfg.slo.ttft_ms / 1e3)
+    paths = sim.run()["paths"]
+    return paths.get("remote", 0) / sum(paths.values())
+
+
+def test_the_share_sent_remote_rises_from_a_tcp_to_an_rdma_handoff() -> None:
+    tcp = _h100_share_remote(0.36e9)  # TCP between pods (Dynamo: 655 MB in 1.8 s)
+    rdma = _h100_share_remote(50e9)  # InfiniBand NDR, 400 Gb/s per GPU
+    assert rdma > 2 * tcp and rdma > 0.3, (tcp, rdma)
+
+
 # --- scripts/sim_vs_measured.py ----------------------------------------------------------------
 
 def sim_vs_measured():
