@@ -266,10 +266,10 @@ def test_every_parameter_answers_as_the_plain_vllm_server(reference, answers, mo
 
 def test_disaggregated_requests_took_the_remote_path(answers) -> None:
     reasons = answers["disaggregated"]["reasons"]
-    # every single-sequence request prefilled remotely; n > 1, beam search and prompt logprobs
-    # run whole on one engine (one prefill for all their sequences)
+    # every request of one prompt prefilled remotely (n > 1 too: one pull, then the samples);
+    # beam search and prompt logprobs run whole on one engine
     assert reasons.get("remote", 0) >= 80, reasons
-    assert reasons.get("multi_sequence", 0) >= 4, reasons
+    assert reasons.get("multi_sequence", 0) >= 2, reasons
     assert set(reasons) <= {"remote", "multi_sequence"}, reasons
 
 
