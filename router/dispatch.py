@@ -155,8 +155,7 @@ class Dispatcher:
         n_prompt = len(req.prompt_token_ids)
         held = self.sent.matched_blocks(hashes, ("prefill", "decode"))
         cached = {pool: blocks * PREFIX_BLOCK_TOKENS for pool, blocks in held.items()}
-        if self.disagg.prefill == "local" or (
-                n_prompt - cached["decode"] < self.disagg.min_remote_prompt_tokens):
+        if self.disagg.prefill == "local" or n_prompt < self.disagg.min_remote_prompt_tokens:
             return PrefillPath.LOCAL, None
         if self.disagg.prefill == "remote":
             return PrefillPath.REMOTE, None

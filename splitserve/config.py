@@ -334,8 +334,8 @@ class DisaggregationConfig(_Strict):
     min_remote_prompt_tokens: int = Field(
         0,
         ge=0,
-        description="An optional floor: prompts with fewer uncached tokens than this run whole on "
-        "a decode replica whatever the rule predicts. 0 (the default): no floor.",
+        description="An optional floor: prompts with fewer tokens than this run whole on a "
+        "decode replica whatever the rule predicts. 0 (the default): no floor.",
     )
     prefill_attempts: int = Field(
         2, ge=1, le=8,

@@ -167,7 +167,7 @@ class Simulation:
     def _decide(self, prompt: int, cached: int, output: int) -> PrefillPath:
         """The router's choice for a prompt (`Dispatcher._path`, with the profile's costs)."""
         cfg = self.routing
-        if cfg.prefill == "local" or prompt - cached < cfg.min_remote_prompt_tokens:
+        if cfg.prefill == "local" or prompt < cfg.min_remote_prompt_tokens:
             return PrefillPath.LOCAL
         if cfg.prefill == "remote":
             return PrefillPath.REMOTE
