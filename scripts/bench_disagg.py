@@ -53,7 +53,10 @@ Writes, under --out:
                       per preset, rate and configuration, their medians and the rounds won)
     <preset>.png      SLO attainment and goodput vs rate, one line per configuration
 
-The conditional policy's decisions (remote, short, spill, offload, ...) per rate are read from
+The rule's scored predictions per rate and path (how many, the median of measured over
+predicted TTFT, the share within 25 %) are read from the router's
+`splitserve_ttft_prediction_ratio` and kept as `predictions`.
+The conditional policy's decisions (remote, local, offload, ...) per rate are read from
 the router's /metrics, printed, and kept in comparison.json (`decisions`), and so is where the
 first token's time went (`ttft_parts`): per pool that generated tokens, the mean time from its
 admission gate to the first token (`splitserve_pool_time_to_first_token_seconds`; the prefill
@@ -233,6 +236,10 @@ def router_counters(base_url: str) -> Counter[str]:
             if family.name == "splitserve_disagg_reasons" and sample.name.endswith("_total"):
                 counts[f"reason:{labels['reason']}"] += int(sample.value)
                 continue
+            if (family.name == "splitserve_ttft_prediction_ratio"
+                    and sample.name.endswith("_bucket")):
+                counts[f"pred:{labels['path']}:{labels['le']}"] += sample.value
+                continue
             key = _histogram_key(family.name, labels)
             field = sample.name.rsplit("_", 1)[1]
             if key is not None and field in ("count", "sum"):
@@ -264,6 +271,36 @@ def rate_figures(delta: Counter[str]) -> tuple[dict[str, int], dict[str, dict[st
                 "engine_ttft_mean_ms": round(1e3 * delta[f"engine_ttft:{pool}:sum"] / n, 1),
             }
     return decisions, ttft
+
+
+def prediction_figures(delta: Counter[str]) -> dict[str, dict[str, float]]:
+    """One rate's scored predictions of the disaggregation rule, per path: how many, the
+    median of measured over predicted TTFT (interpolated in the histogram's buckets) and the
+    share within 25 % (a ratio in (0.8, 1.25])."""
+    by_path: dict[str, dict[float, float]] = {}
+    for key, value in delta.items():
+        if key.startswith("pred:"):
+            _, path, le = key.split(":", 2)
+            by_path.setdefault(path, {})[float(le)] = value
+    out = {}
+    for path, cumulative in by_path.items():
+        bounds = sorted(cumulative)
+        n = cumulative[bounds[-1]]  # le=+Inf
+        if not n:
+            continue
+        lower, below, median = 0.0, 0.0, bounds[-2] if len(bounds) > 1 else 1.0
+        for bound in bounds:
+            at = cumulative[bound]
+            if at >= n / 2:
+                span = at - below
+                top = bound if bound != float("inf") else lower
+                median = lower + (top - lower) * ((n / 2 - below) / span if span else 0.0)
+                break
+            lower, below = bound, at
+        out[path] = {"requests": int(n), "median_ratio": round(median, 2),
+                     "within_25pct": round((cumulative.get(1.25, 0) - cumulative.get(0.8, 0))
+                                           / n, 2)}
+    return out
 
 
 def round_order(configs: list[str], round_index: int) -> list[str]:
@@ -340,12 +377,14 @@ def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dic
             run_warmup(bench)
             decisions: dict[str, dict[str, int]] = {}
             ttft_parts: dict[str, dict[str, dict[str, float]]] = {}
+            predictions: dict[str, dict[str, dict[str, float]]] = {}
             seen = [router_counters(base)]
 
             def on_rate(rate: float, _summary: dict, seen=seen, decisions=decisions,
-                        ttft_parts=ttft_parts) -> None:
+                        ttft_parts=ttft_parts, predictions=predictions) -> None:
                 now = router_counters(base)
                 decisions[str(rate)], ttft_parts[str(rate)] = rate_figures(now - seen[0])
+                predictions[str(rate)] = prediction_figures(now - seen[0])
                 seen[0] = now
 
             sweep = run_sweep(bench, on_rate)
@@ -355,8 +394,12 @@ def run_config(args: argparse.Namespace, name: str, out: Path, seed: int) -> dic
             print(f"[{name}] {preset} TTFT at the pool's gate vs the engine's own part, by "
                   f"rate: {ttft_parts}", flush=True)
             sweeps[preset] = {k: v for k, v in sweep.items() if k != "config"}
+            if any(predictions.values()):
+                print(f"[{name}] {preset} measured/predicted TTFT by rate and path: "
+                      f"{predictions}", flush=True)
             sweeps[preset]["decisions"] = decisions
             sweeps[preset]["ttft_parts"] = ttft_parts
+            sweeps[preset]["predictions"] = predictions
     return sweeps
 
 

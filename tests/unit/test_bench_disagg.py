@@ -44,6 +44,21 @@ def test_rate_figures_split_ttft_into_router_pool_and_engine(bench, monkeypatch)
     assert "prefill" not in parts  # it generated no request's first token
 
 
+def test_prediction_figures_give_the_median_ratio_and_the_share_within_25pct(bench,
+                                                                             monkeypatch):
+    m = RouterMetrics()
+    serve_metrics(monkeypatch, m)
+    before = bench.router_counters("http://127.0.0.1:1")
+    for ratio in (0.95, 1.05, 1.05, 1.2, 3.0):
+        m.ttft_prediction.labels(path="remote").observe(ratio)
+    m.ttft_prediction.labels(path="local").observe(0.5)
+    got = bench.prediction_figures(bench.router_counters("http://127.0.0.1:1") - before)
+    assert got["remote"]["requests"] == 5 and got["remote"]["within_25pct"] == 0.8
+    assert 1.0 <= got["remote"]["median_ratio"] <= 1.1
+    assert got["local"]["requests"] == 1 and got["local"]["within_25pct"] == 0.0
+    assert 0 < got["local"]["median_ratio"] <= 0.5  # inside its bucket
+
+
 def test_set_values_read_as_yaml_env_values_kept_as_strings(bench):
     args = bench.parse_args(["--set", "pools.decode.max_num_seqs=128", "--set", "a.b=off",
                              "--env", "SPLITSERVE_MQ_WAIT_MS=2", "--env", "X=a=b"])
