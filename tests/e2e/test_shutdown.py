@@ -51,6 +51,19 @@ def _stream(client: openai.OpenAI, max_tokens: int, started: threading.Event, ou
         started.set()
 
 
+def _whole(client: openai.OpenAI, max_tokens: int, out: list) -> None:
+    """One completion that is not streamed; appends ("completed", finish_reason) or ("error",
+    exception)."""
+    try:
+        r = client.completions.create(
+            model=MODEL, prompt="a long story about the sea", max_tokens=max_tokens,
+            extra_body={"ignore_eos": True},
+        )
+        out.append(("completed", r.choices[0].finish_reason))
+    except Exception as err:  # noqa: BLE001 - classified by the test
+        out.append(("error", err))
+
+
 def _refused(base: str) -> tuple[str, int | None, dict]:
     """Send one small request: ("answered", 200, body), ("refused", 503, body) or
     ("closed", None, {}) when nothing listens any more."""
@@ -135,6 +148,8 @@ def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_p
         started = [threading.Event() for _ in budgets]
         threads = [threading.Thread(target=_stream, args=(client, n, ev, outcomes), daemon=True)
                    for n, ev in zip(budgets, started, strict=True)]
+        # and a long response that is not streamed: a 200 or a 503 too, never a hang
+        threads.append(threading.Thread(target=_whole, args=(client, 1900, outcomes), daemon=True))
         for t in threads:
             t.start()
         for ev in started:
@@ -166,13 +181,15 @@ def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_p
         for t in threads:
             t.join(timeout=60)
             assert not t.is_alive(), "a stream hangs after the server exited"
-        assert len(outcomes) == STREAMS
+        assert len(outcomes) == STREAMS + 1
         for result, detail in outcomes:
             if result == "completed":
                 assert detail == "length", outcomes
-            else:  # the error event that ends a stream at the end of the grace period
+            else:  # a stream's error event, or a whole response's 503, past the grace period
                 assert isinstance(detail, openai.APIError), outcomes
                 assert "shutting down" in detail.message, outcomes
+                if isinstance(detail, openai.APIStatusError):
+                    assert detail.status_code == 503, outcomes
 
         deadline = time.monotonic() + 30
         while (_left(tree) or _group_left(proc.pid)) and time.monotonic() < deadline:
