@@ -12,6 +12,13 @@ tears everything down, in this order:
 3. Ray: the local cluster if this process started it, and any process of its tree still
    running after that (splitserve/processes.py). A joined cluster keeps running.
 
+Why the drain comes first: Serve's own shutdown kills its HTTP proxy at once (streams are cut
+without an error event), while a request whose response is not streamed keeps running in its
+router replica and pool; Serve then waits for it up to each deployment's
+`graceful_shutdown_timeout_s` in turn (20 s for the router, 30 s or `autoscaling.drain_timeout_s`
+for a pool), past the 30 s that `serve.shutdown()` waits ("Controller failed to shut down within
+30.0s"; measured: 3 such requests kept the router 20 s and the whole shutdown 30 s).
+
 A first signal is a requested stop and exits 0 whichever phase it lands in (an orchestrator's
 SIGTERM is not an error); a second signal skips the drain and Serve's shutdown, stops Ray and
 the local process tree at once, and exits 130.
