@@ -191,22 +191,34 @@ def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_p
                 if isinstance(detail, openai.APIStatusError):
                     assert detail.status_code == 503, outcomes
 
-        deadline = time.monotonic() + 30
-        while (_left(tree) or _group_left(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert _left(tree) == {}
-        assert _group_left(proc.pid) == {}
+        _assert_nothing_left(tree, proc.pid)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.seek(0)
-        output = log.read()
-        log.close()
-        print(output)  # shown by pytest when the test fails
+        output = _close(proc, log)
     flat = " ".join(output.split())
     assert "splitserve: draining (in-flight requests get up to 8 s)" in flat
     assert "splitserve: drained 1/1 routers" in flat
     assert "splitserve: stopped" in flat
+
+
+def _assert_nothing_left(tree, pid: int) -> None:
+    """No process of the launcher's tree or process group is left (within 30 s)."""
+    deadline = time.monotonic() + 30
+    while (_left(tree) or _group_left(pid)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _left(tree) == {}
+    assert _group_left(pid) == {}
+
+
+def _close(proc, log) -> str:
+    """Kill what is left of the launcher's group; its output (printed: pytest shows it when
+    the test fails)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.seek(0)
+    output = log.read()
+    log.close()
+    print(output)
+    return output
 
 
 @pytest.mark.engine
@@ -238,18 +250,9 @@ def test_second_ctrl_c_skips_the_grace_period_and_still_leaves_no_process(tmp_pa
 
         stream.join(timeout=60)
         assert not stream.is_alive(), "the stream hangs after the server exited"
-        deadline = time.monotonic() + 30
-        while (_left(tree) or _group_left(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert _left(tree) == {}
-        assert _group_left(proc.pid) == {}
+        _assert_nothing_left(tree, proc.pid)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.seek(0)
-        output = log.read()
-        log.close()
-        print(output)
+        output = _close(proc, log)
     flat = " ".join(output.split())
     assert "splitserve: second signal: stopping now" in flat
     assert "splitserve: stopped" in flat
