@@ -1,7 +1,7 @@
 """Dispatch a prepared request to the worker pools and stream back its chunks.
 
-Colocated: the decode pool runs the whole request. Disaggregated: when `prefill_path` says
-so, the prefill pool computes the prompt's KV cache first (`max_tokens=1`), and the decode
+Colocated: the decode pool runs the whole request. Disaggregated: when the rule
+(`router/policy.py`, `decide`) says so, the prefill pool computes the prompt's KV cache first (`max_tokens=1`), and the decode
 request carries the handoff so that its engine pulls the KV over NIXL instead of recomputing it.
 A prefill that fails or returns no usable handoff is retried on another prefill replica within
 a bounded number of tries and a deadline (`router/retry.py`), then falls back to a local prefill

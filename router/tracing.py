@@ -5,8 +5,8 @@ One trace per request; span names and attributes (GenAI semantic conventions whe
     POST /v1/completions | POST /v1/chat/completions   SERVER; http.response.status_code,
     │                                                  splitserve.tenant, gen_ai.* (model, ids,
     │                                                  input/output tokens, max_tokens)
-    └─ splitserve.dispatch                             splitserve.prefill_path (remote, short,
-       │                                               queue_full, spill, colocated)
+    └─ splitserve.dispatch                             splitserve.prefill_path (remote, local,
+       │                                               offload, ...), predicted TTFT and TPOT
        ├─ splitserve.prefill                           remote path only; attempts, fallback
        │  ├─ splitserve.admission                      pool=prefill, queue wait
        │  └─ splitserve.prefill.attempt                one per try: attempt, replica, error.type
