@@ -88,28 +88,28 @@ def _hub(text: str, original: str) -> ModelURI:
     return ModelURI("hf", repo, revision or None)
 
 
-def _bucket(scheme: Scheme, rest: str, original: str) -> ModelURI:
+def _rooted(scheme: Scheme, rest: str, original: str, root: re.Pattern[str], root_is: str,
+            path_is: str) -> ModelURI:
+    """A `ROOT/PATH` location (a bucket and its prefix, a claim and a path in it)."""
     rest = rest.rstrip("/")
-    bucket, _, prefix = rest.partition("/")
-    if not _BUCKET.match(bucket):
-        raise ModelURIError(f"model.path {original!r}: {bucket!r} is not a bucket name "
-                            "(lowercase letters, digits, '.', '-', '_')")
-    if prefix and not _segments_ok(prefix):
-        raise ModelURIError(f"model.path {original!r}: the prefix has an empty, '.' or '..' "
+    name, _, sub = rest.partition("/")
+    if not root.match(name):
+        raise ModelURIError(f"model.path {original!r}: {name!r} is not {root_is}")
+    if sub and not _segments_ok(sub):
+        raise ModelURIError(f"model.path {original!r}: {path_is} has an empty, '.' or '..' "
                             "segment")
     return ModelURI(scheme, rest)
 
 
+def _bucket(scheme: Scheme, rest: str, original: str) -> ModelURI:
+    return _rooted(scheme, rest, original, _BUCKET,
+                   "a bucket name (lowercase letters, digits, '.', '-', '_')", "the prefix")
+
+
 def _claim(rest: str, original: str) -> ModelURI:
-    rest = rest.rstrip("/")
-    claim, _, sub = rest.partition("/")
-    if not _CLAIM.match(claim):
-        raise ModelURIError(f"model.path {original!r}: {claim!r} is not a PersistentVolumeClaim "
-                            "name (lowercase letters, digits, '-', '.')")
-    if sub and not _segments_ok(sub):
-        raise ModelURIError(f"model.path {original!r}: the path in the claim has an empty, '.' "
-                            "or '..' segment")
-    return ModelURI("pvc", rest)
+    return _rooted("pvc", rest, original, _CLAIM,
+                   "a PersistentVolumeClaim name (lowercase letters, digits, '-', '.')",
+                   "the path in the claim")
 
 
 def parse_model_uri(path: str) -> ModelURI:
