@@ -184,14 +184,22 @@ def predict(prompt_tokens: int, prefill: PoolView, decode: PoolView, handoff: Ha
     def worst(*paces: tuple[float, float]) -> tuple[float, float]:
         return max(g for g, _ in paces), max(t for _, t in paces)
 
-    joins = d_cost.step(d_seqs + 1, d_ahead)  # decode's step once the request is in its batch
-    remote_ttft = hop_s + prefill.wait_s + p_prefill + decode.wait_s + handoff(d_new) + joins
+    def busy(cost: EngineCost, seqs: int, queued: int) -> float:
+        """The rest of the step a busy engine is in when the request arrives: half of one."""
+        return 0.5 * cost.step(seqs, queued) if seqs or queued else 0.0
+
+    p_start = prefill.wait_s + busy(p_cost, p_seqs, p_ahead)
+    d_start = decode.wait_s + busy(d_cost, d_seqs, d_ahead)
+    # decode's step once the request is in its batch (the handoff's measured latency holds the
+    # rest: it is measured up to that step, `router/calibration.py`)
+    joins = d_cost.step(d_seqs + 1, d_ahead)
+    remote_ttft = hop_s + p_start + p_prefill + decode.wait_s + handoff(d_new) + joins
     remote = worst(pace(d_cost, d_seqs, d_ahead, 0, own, True),
                    pace(p_cost, p_seqs, p_ahead, p_new, others, False))
-    local_ttft = hop_s + decode.wait_s + d_cost.prefill_s(d_ahead + d_new, d_seqs)
+    local_ttft = hop_s + d_start + d_cost.prefill_s(d_ahead + d_new, d_seqs)
     local = worst(pace(d_cost, d_seqs, d_ahead, 0, own, True),
                   pace(d_cost, d_seqs, d_ahead, d_new, others, False))
-    offload_ttft = hop_s + prefill.wait_s + p_prefill
+    offload_ttft = hop_s + p_start + p_prefill
     # a stream on a prefill engine shares its steps with full chunks of the remote prefills
     # that engine is there for
     offload = worst(pace(p_cost, p_seqs, max(p_ahead, p_cost.chunk_tokens), 0, own, True),

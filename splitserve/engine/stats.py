@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ from splitserve.engine.kv_telemetry import (
     external_request_id,
 )
 from splitserve.engine.messages import EngineStats, StepCost
-from splitserve.engine.step_cost import StepCostFit
+from splitserve.engine.step_cost import StepTimer
 
 # Requests whose measured KV transfer is kept until their host collects it. A request's entry is
 # collected when it finishes; this bound only drops entries of requests nobody collects (aborted
@@ -48,7 +49,7 @@ class LatestStats:
         self.kv_failures = 0
         self.kv_handoffs_expired = 0  # counted by the host: handoffs recomputed, never pulled
         self.requests: OrderedDict[str, RequestTransfer] = OrderedDict()
-        self.steps = StepCostFit()  # fed by vLLM's iteration details (engine arg on)
+        self.steps = StepTimer()  # fed by vLLM's iteration details (engine arg on)
 
     def factory(self, vllm_config: Any, engine_index: int = 0):
         """A vLLM `StatLoggerFactory` bound to this holder."""
@@ -66,8 +67,13 @@ class LatestStats:
                 holder.scheduler = scheduler_stats
                 details = scheduler_stats.iteration_details
                 if details is not None and not details.is_dummy:
-                    holder.steps.observe(details.num_generation_requests, details.num_ctx_tokens,
-                                         details.elapsed_ms / 1e3)
+                    holder.steps.observe(
+                        details.iteration_index, details.num_generation_requests,
+                        details.num_ctx_tokens, details.elapsed_ms / 1e3,
+                        arrived_s=time.monotonic(),
+                        busy_after=scheduler_stats.num_running_reqs
+                        + scheduler_stats.num_waiting_reqs > 0,
+                    )
                 pcs = scheduler_stats.prefix_cache_stats
                 holder.prefix_queries += getattr(pcs, "queries", 0)
                 holder.prefix_hits += getattr(pcs, "hits", 0)

@@ -6,6 +6,12 @@ prefill ("context") tokens, decoding requests, elapsed ms) when the engine runs 
 The fit is a least-squares line `elapsed = step_s + per_seq_s * decoding requests + per_token_s *
 prefill tokens` over recent steps (older steps weigh less), so it follows the hardware it runs
 on: the router's disaggregation rule (`router/policy.py`) predicts TTFT and TPOT with it.
+
+vLLM's `elapsed` covers the model's execution only: scheduling the step, updating the requests
+from its output and sending it to the front end come on top, and on a busy CPU engine that was
+a quarter to a third of each step (`StepTimer`). So the host fits a second line of the same form
+to that remainder, measured between back-to-back steps (the wall time from one step's record to
+the next's, minus the next step's `elapsed`), and the engine's step cost is the sum of the two.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ class StepCostFit:
         self._seq_steps = 0  # steps with decoding requests
         self._prefill_steps = 0  # steps with prefill tokens
 
-    def observe(self, seqs: int, prefill_tokens: int, elapsed_s: float) -> None:
-        """One step: `seqs` decoding requests, `prefill_tokens` prompt tokens, its duration."""
-        if elapsed_s <= 0 or (seqs <= 0 and prefill_tokens <= 0):
+    def observe(
+        self, seqs: int, prefill_tokens: int, elapsed_s: float, *, signed: bool = False
+    ) -> None:
+        """One step: `seqs` decoding requests, `prefill_tokens` prompt tokens, its duration.
+        `signed`: the duration is a noisy difference (a step's overhead), kept even when it is
+        0 or below, so that the fit stays an unbiased mean."""
+        if (elapsed_s <= 0 and not signed) or (seqs <= 0 and prefill_tokens <= 0):
             return
         x = np.array([1.0, float(seqs), float(prefill_tokens)])
         self._xtx = self.forget * self._xtx + np.outer(x, x)
@@ -65,6 +75,45 @@ class StepCostFit:
         for k, c in zip(fitted, coef, strict=True):
             out[k] = max(float(c), 0.0)
         return (out[0] or 0.0, out[1], out[2])
+
+
+class StepTimer:
+    """A step's cost as the engine's clock sees it: execution (`exec_fit`, vLLM's `elapsed`)
+    plus the overhead around it (`overhead_fit`: scheduling, output update, sending), both
+    fitted over (decoding requests, prefill tokens).
+
+    `observe` takes each step's record as it arrives. The overhead is measured only between
+    back-to-back steps: the previous record is the step just before (`iteration`) and left
+    requests running or waiting, so that the engine went straight on to this one.
+    """
+
+    def __init__(self, forget: float = FORGET) -> None:
+        self.exec_fit = StepCostFit(forget)
+        self.overhead_fit = StepCostFit(forget)
+        self._last: tuple[int, float, bool] | None = None  # iteration, arrival, busy after
+
+    def observe(
+        self, iteration: int, seqs: int, prefill_tokens: int, elapsed_s: float,
+        *, arrived_s: float, busy_after: bool,
+    ) -> None:
+        """One step's record: vLLM's iteration index and details, when it arrived (a monotonic
+        clock) and whether requests were left running or waiting after it."""
+        self.exec_fit.observe(seqs, prefill_tokens, elapsed_s)
+        last, self._last = self._last, (iteration, arrived_s, busy_after)
+        if last is not None and iteration == last[0] + 1 and last[2]:
+            self.overhead_fit.observe(seqs, prefill_tokens, arrived_s - last[1] - elapsed_s,
+                                      signed=True)
+
+    def coefficients(self) -> tuple[float, float | None, float | None]:
+        """(step_s, per_seq_s, per_token_s) of execution plus overhead; a coefficient the
+        execution fit does not determine is None, whatever the overhead fit says."""
+        run = self.exec_fit.coefficients()
+        extra = self.overhead_fit.coefficients()
+        return (
+            run[0] + extra[0],
+            None if run[1] is None else run[1] + (extra[1] or 0.0),
+            None if run[2] is None else run[2] + (extra[2] or 0.0),
+        )
 
 
 def _solve(xtx: np.ndarray, xty: np.ndarray, idx: list[int]) -> np.ndarray:

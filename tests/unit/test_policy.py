@@ -146,3 +146,15 @@ def test_pool_views_are_per_replica():
 ])
 def test_paths_name_their_pool(path, pool, remote):
     assert path.pool == pool and path.remote is remote
+
+
+def test_a_busy_engine_finishes_its_step_before_the_prompt_starts():
+    # 32 streams decoding: the prompt waits, on average, for half of the step under way
+    idle = {p.path: p.ttft_s for p in predict(512, PoolView(GPU), PoolView(GPU), FAST)}
+    busy = {p.path: p.ttft_s for p in predict(512, PoolView(GPU), PoolView(GPU, streams=32),
+                                               FAST)}
+    local_alone = GPU.prefill_s(512, 32)
+    assert busy[PrefillPath.LOCAL] == pytest.approx(local_alone + 0.5 * GPU.step(32))
+    assert idle[PrefillPath.LOCAL] == pytest.approx(GPU.prefill_s(512, 0))
+    # the idle prefill pool starts at once: the remote path's prefill has no such wait
+    assert busy[PrefillPath.OFFLOAD] == pytest.approx(idle[PrefillPath.OFFLOAD])
