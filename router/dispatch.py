@@ -46,8 +46,7 @@ from splitserve.router.retry import (
     rejection,
     retry_prefill,
 )
-from splitserve.router.routing.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
-from splitserve.router.routing.prefix_index import PrefixIndex
+from splitserve.router.routing.kv_feed import KVEventFeed, pool_feed
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
 from splitserve.router.tenancy.admission import Ticket
@@ -76,14 +75,23 @@ from splitserve.router.tracing import (
 )
 
 from splitserve.config import DisaggregationConfig, StreamingConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, PromptBlocks
 
 log = logging.getLogger("splitserve.router")
 
 # The output length the rule assumes for a request without `max_tokens` before any stream ended.
 DEFAULT_OUTPUT = 256
-# Block size of the router's record of what each pool holds (vLLM's default KV block).
-PREFIX_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
+
+
+def pool_feeds(pools: dict[str, Any]) -> dict[str, KVEventFeed]:
+    """The KV-event feed of each pool handle's deployment in this process (`routing.kv_feed`),
+    shared with the pool's request router; none for a handle that names no deployment."""
+    feeds = {}
+    for pool, handle in pools.items():
+        dep = getattr(handle, "deployment_id", None)
+        if handle is not None and isinstance(getattr(dep, "name", None), str):
+            feeds[pool] = pool_feed(dep.app_name, dep.name)
+    return feeds
 
 
 class Dispatcher:
@@ -124,9 +132,9 @@ class Dispatcher:
         self._offloaded = 0
         self.targets = Targets(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s)
         self.calibration = Calibration()
-        # What each pool was sent, to expect a prompt's cached tokens there (an approximation
-        # of the pools' prefix caches: the router's own record, pool-wide).
-        self.sent = PrefixIndex()
+        # What each pool's engines hold, from their KV events: a prompt's expected cached
+        # tokens per pool (the best-placed replica's), read by the rule.
+        self.feeds = pool_feeds(pools)
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
@@ -141,20 +149,34 @@ class Dispatcher:
             prefill_streams=self._offloaded,
         )
 
-    def _hashes(self, req: GenerateRequest) -> tuple[int, ...]:
-        return block_hashes(req.prompt_token_ids, req.cache_salt or "",
-                            block_size=PREFIX_BLOCK_TOKENS)
+    def _blocks(self, req: GenerateRequest) -> PromptBlocks | None:
+        """The prompt's block hashes as the engines compute them, once per request (the pools'
+        request routers read them from the request); None before any engine advertised its
+        KV events. The pools share one block size (a deploy-time P/D check)."""
+        for feed in self.feeds.values():
+            if feed.hasher is not None:
+                lora = (req.lora.name, req.lora.path) if req.lora is not None else None
+                return PromptBlocks(feed.hasher.block_size, feed.prompt_hashes(
+                    req.prompt_token_ids, req.cache_salt, lora))
+        return None
+
+    def cached_tokens(self, pool: str, blocks: PromptBlocks | None) -> int:
+        """The prompt tokens `pool` is expected to hold: its best-placed replica's cached
+        prefix, as the engines' KV events say (0 when unknown)."""
+        feed = self.feeds.get(pool)
+        if blocks is None or feed is None or feed.hasher is None \
+                or feed.hasher.block_size != blocks.block_size:
+            return 0
+        return feed.cached_tokens(blocks.hashes)
 
     def _path(self, req: GenerateRequest, load: PoolLoad,
-              hashes: tuple[int, ...]) -> tuple[PrefillPath, Prediction | None]:
+              blocks: PromptBlocks | None) -> tuple[PrefillPath, Prediction | None]:
         """The request's path, and the rule's prediction when the rule chose it."""
         if self.pools.get("prefill") is None:  # colocated
             return PrefillPath.COLOCATED, None
         if not req.disaggregable:
             return PrefillPath.MULTI_SEQUENCE, None
         n_prompt = len(req.prompt_token_ids)
-        held = self.sent.matched_blocks(hashes, ("prefill", "decode"))
-        cached = {pool: blocks * PREFIX_BLOCK_TOKENS for pool, blocks in held.items()}
         if self.disagg.prefill == "local" or n_prompt < self.disagg.min_remote_prompt_tokens:
             return PrefillPath.LOCAL, None
         if self.disagg.prefill == "remote":
@@ -164,6 +186,7 @@ class Dispatcher:
         handoff = self.calibration.handoff_cost()
         if costs[0] is None or costs[1] is None or handoff is None:
             return PrefillPath.REMOTE, None  # not measured yet: take (and so measure) remote
+        cached = {pool: self.cached_tokens(pool, blocks) for pool in ("prefill", "decode")}
         views = pool_views(load, costs[0], costs[1], cached)
         output = req.sampling.max_tokens or self.calibration.stream_tokens or DEFAULT_OUTPUT
         choice = decide(n_prompt, views["prefill"], views["decode"], handoff, self.targets,
@@ -193,8 +216,10 @@ class Dispatcher:
         request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
         load = self.load()  # one view of the pools for both decisions
-        hashes = self._hashes(req) if self.pools.get("prefill") is not None else ()
-        path, predicted = self._path(req, load, hashes)
+        blocks = self._blocks(req)
+        if blocks is not None:
+            req = dataclasses.replace(req, prompt_blocks=blocks)
+        path, predicted = self._path(req, load, blocks)
         n_prompt = len(req.prompt_token_ids)
         req = self._coalesced(req, path.pool, load)
         self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
@@ -221,13 +246,8 @@ class Dispatcher:
                 handed_at = None
                 if path.remote:
                     req, handed_at = await self._remote_prefill(req, tenant, parent, span)
-                pulled = n_prompt  # prompt tokens decode lacks, as the handoff moves them
-                if hashes:
-                    held = self.sent.matched_blocks(hashes, ("decode",))["decode"]
-                    pulled = max(n_prompt - held * PREFIX_BLOCK_TOKENS, 0)
-                    self.sent.record(path.pool, hashes)  # its blocks are there from now on
-                    if handed_at is not None:
-                        self.sent.record("prefill", hashes)
+                # prompt tokens decode lacks, as the handoff moves them
+                pulled = max(n_prompt - self.cached_tokens("decode", blocks), 0)
                 async with aclosing(self._generate(path.pool, req, ticket, parent)) as chunks:
                     first = True
                     async for chunk in chunks:

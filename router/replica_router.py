@@ -3,8 +3,10 @@
 Serve calls `choose_replicas` in the caller's process (the router replica) for every request sent
 through a pool's deployment handle. It builds the policy's plain inputs from what Serve already
 tracks: each replica's queue length (probed by Serve) and the stats the worker publishes through
-`record_routing_stats` (KV usage, running requests, KV capacity). The decision itself is the pure policy in
-`splitserve.router.routing`; this class is only the adapter.
+`record_routing_stats` (KV usage, running requests, KV capacity, where it publishes its KV
+events). The decision itself is the pure policy in `splitserve.router.routing`; this class is
+only the adapter. It also keeps the pool's KV-event feed (`routing.kv_feed`, shared with the
+dispatcher in this process) subscribed to the pool's current replicas, whatever the policy.
 
 Configured per pool deployment (see `splitserve.app.pool_deployment_options`):
 `RequestRouterConfig(request_router_class=PolicyRequestRouter, request_router_kwargs={...})`.
@@ -25,8 +27,12 @@ from ray.serve.request_router import (
 from splitserve.config import RoutingConfig
 from splitserve.engine.messages import GenerateRequest, LoraOp
 from splitserve.router.routing.index_size import IndexSizer
-from splitserve.router.routing.policies import make_policy
+from splitserve.router.routing.kv_feed import EventSource, KVEventFeed, pool_feed
+from splitserve.router.routing.policies import KVEventsAware, make_policy
 from splitserve.router.routing.state import ReplicaState, RoutingRequest, routing_request
+
+# Routing requests remembered between `choose_replicas` and `on_request_routed` (hashed once).
+_RECENT = 256
 
 
 class PolicyRequestRouter(FIFOMixin, RequestRouter):
@@ -38,30 +44,73 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         """Called once by Serve with `request_router_kwargs`: the policy name, the pool's most
         replicas (caps the prefix index's bound) and the `RoutingConfig` fields."""
         self._cfg = RoutingConfig(**routing)
-        self._policy = make_policy(policy, self._cfg)
+        deployment = getattr(self, "_deployment_id", None)
+        self._feed = (pool_feed(deployment.app_name, deployment.name) if deployment is not None
+                      else KVEventFeed("unnamed"))
+        self._policy = make_policy(policy, self._cfg, self._feed)
+        self._max_replicas = max_replicas
         self._sizer = IndexSizer(
             self._cfg.index_max_blocks, block_size=self._cfg.block_size, max_replicas=max_replicas
         )
+        self._feed_sizer: IndexSizer | None = None  # in the engines' block size, once known
+        self._recent: dict[int, tuple[PendingRequest, RoutingRequest]] = {}
 
     def _fit_index(self) -> None:
-        """Resize the prefix index when the pool's reported KV capacity grew (index_size)."""
+        """Resize the indexes when the pool's reported KV capacity grew (index_size)."""
+        capacity = [int((r.routing_stats or {}).get("kv_capacity_tokens", 0))
+                    for r in self.curr_replicas.values()]
         index = getattr(self._policy, "index", None)
-        if index is None:
-            return
-        bound = self._sizer.observe([
-            int((r.routing_stats or {}).get("kv_capacity_tokens", 0))
-            for r in self.curr_replicas.values()
-        ])
-        if bound is not None:
-            index.resize(bound)
+        if index is not None and not isinstance(self._policy, KVEventsAware):
+            bound = self._sizer.observe(capacity)
+            if bound is not None:
+                index.resize(bound)
+        hasher = self._feed.hasher
+        if hasher is not None and (self._feed_sizer is None
+                                   or self._feed_sizer.block_size != hasher.block_size):
+            self._feed_sizer = IndexSizer(self._cfg.index_max_blocks,
+                                          block_size=hasher.block_size,
+                                          max_replicas=self._max_replicas)
+        if self._feed_sizer is not None:
+            bound = self._feed_sizer.observe(capacity)
+            if bound is not None:
+                self._feed.resize(bound)
+
+    def _sync_feed(self) -> None:
+        """Subscribe the pool's feed to the replicas that publish KV events (all of them, not
+        only this request's candidates); it forgets the ones gone."""
+        sources = {}
+        for rid, replica in self.curr_replicas.items():
+            source = EventSource.from_stats(replica.routing_stats)
+            if source is not None:
+                sources[rid.unique_id] = source
+        self._feed.sync(sources)
 
     def _routing_request(self, pending: PendingRequest | None) -> RoutingRequest:
+        """The policy's view of the request, hashed once per request: for kv_events vLLM's
+        hashes (the dispatcher's, when it set them), else the router's own salted chain."""
+        seen = self._recent.get(id(pending))
+        if seen is not None and seen[0] is pending:
+            return seen[1]
         req = pending.args[0] if pending is not None and pending.args else None
         if not isinstance(req, GenerateRequest):
             return RoutingRequest(block_hashes=())
-        return routing_request(
-            req.prompt_token_ids, req.cache_salt or "", block_size=self._cfg.block_size
-        )
+        if isinstance(self._policy, KVEventsAware):
+            hasher, blocks = self._feed.hasher, req.prompt_blocks
+            if blocks is not None and hasher is not None and blocks.block_size == hasher.block_size:
+                request = RoutingRequest(block_hashes=blocks.hashes)
+            else:
+                lora = (req.lora.name, req.lora.path) if req.lora is not None else None
+                request = RoutingRequest(block_hashes=self._feed.prompt_hashes(
+                    req.prompt_token_ids, req.cache_salt, lora))
+        else:
+            request = routing_request(
+                req.prompt_token_ids, req.cache_salt or "", block_size=self._cfg.block_size
+            )
+        if pending is not None:
+            self._recent[id(pending)] = (pending, request)
+            while len(self._recent) > _RECENT:
+                self._recent.pop(next(iter(self._recent)))
+        return request
 
     def _state(self, replica: RunningReplica) -> ReplicaState:
         stats = replica.routing_stats or {}
@@ -87,6 +136,7 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
                                           pending_request)
         if not candidate_replicas:
             return []
+        self._sync_feed()
         self._fit_index()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         request = self._routing_request(pending_request)
@@ -96,8 +146,11 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        """Remember which replica now holds this prompt's blocks."""
+        """Remember which replica now holds this prompt's blocks (prefix_aware)."""
+        if isinstance(self._policy, KVEventsAware):
+            return  # the engine's events will say
         request = self._routing_request(pending_request)
+        self._recent.pop(id(pending_request), None)
         if request.block_hashes:
             self._policy.record(replica_id.unique_id, request.block_hashes)
 

@@ -216,21 +216,31 @@ class AliasConfig(_Strict):
     seed: int = Field(0, description="Changes which users land on which target.")
 
 
-RoutingPolicyName = Literal["round_robin", "least_loaded", "prefix_aware"]
+RoutingPolicyName = Literal["round_robin", "least_loaded", "prefix_aware", "kv_events"]
 
 
 class RoutingConfig(_Strict):
     """Which replica of a pool gets a request (`splitserve.router.routing`), chosen per pool."""
 
     prefill: RoutingPolicyName = Field(
-        "prefix_aware", description="Prefill cost is the uncached prompt: route to cached prefixes."
+        "kv_events",
+        description="Prefill cost is the uncached prompt: route to cached prefixes (kv_events: "
+        "what the engines report they hold; prefix_aware: what the router sent where).",
     )
     decode: RoutingPolicyName = Field(
-        "prefix_aware",
+        "kv_events",
         description="Decode also prefills short or colocated prompts; the cost counts its load.",
     )
+    kv_events: bool = Field(
+        True,
+        description="Engines publish vLLM's KV cache events (ZMQ) and each router indexes them "
+        "per pool: the kv_events policy and the disaggregation rule's expected cached tokens "
+        "read that index.",
+    )
     block_size: int = Field(
-        16, ge=1, le=4096, description="Tokens per hashed block; best equal to the engine's."
+        16, ge=1, le=4096,
+        description="prefix_aware only: tokens per hashed block; best equal to the engine's "
+        "(kv_events uses the engines' own block size and hashes).",
     )
     index_max_blocks: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
@@ -248,6 +258,12 @@ class RoutingConfig(_Strict):
     balance_min_gap: int = Field(
         8, ge=0, description="...and more than this many queued requests above the least one."
     )
+
+    @model_validator(mode="after")
+    def _events_for_kv_policy(self) -> RoutingConfig:
+        if not self.kv_events and "kv_events" in (self.prefill, self.decode):
+            raise ValueError("the kv_events routing policy needs router.routing.kv_events: true")
+        return self
 
     @field_validator("index_max_blocks", mode="before")
     @classmethod

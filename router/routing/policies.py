@@ -1,4 +1,5 @@
-"""Replica choice within a pool: round-robin, least-loaded, prefix-cache-aware.
+"""Replica choice within a pool: round-robin, least-loaded, prefix-cache-aware (approximate, or
+precise from the engines' KV events).
 
 Every policy ranks the candidates best first (`rank`); `choose_replica` takes the first. A rank,
 not just a winner, is what Serve's `RequestRouter.choose_replicas` wants: when the first replica
@@ -14,6 +15,10 @@ holds. Lowest cost wins; ties go to the shorter queue, then lower KV usage, then
 balance guard keeps a hot prefix from piling onto one replica: a replica whose queue exceeds
 both `balance_factor` x the shortest queue and the shortest queue + `balance_min_gap` is
 overloaded and ranked after every other replica (by queue length), whatever it holds.
+
+`kv_events` is the same cost and guard over what the engines report they hold (their vLLM KV
+events, `kv_index` / `kv_feed`) instead of what the router sent where; its request's block
+hashes are vLLM's own (`vllm_hash`), in the engines' block size.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Protocol
 
 from splitserve.config import RoutingConfig
 from splitserve.router.routing.index_size import index_max_blocks
+from splitserve.router.routing.kv_index import KVIndex
 from splitserve.router.routing.prefix_index import DEFAULT_MAX_BLOCKS, PrefixIndex
 from splitserve.router.routing.state import ReplicaState, RoutingRequest
 
@@ -49,6 +55,16 @@ class RoutingPolicy(Protocol):
 
     def forget_replica(self, replica_id: str) -> None:
         """The replica is gone."""
+        ...
+
+
+class BlockIndex(Protocol):
+    """What the prefix-aware cost reads: per replica, the prompt's leading blocks it holds."""
+
+    def matched_blocks(
+        self, block_hashes: Sequence[int], replica_ids: Iterable[str]
+    ) -> dict[str, int]:
+        """For each replica, how many leading blocks of the prompt it holds."""
         ...
 
 
@@ -103,7 +119,7 @@ class PrefixAware:
 
     def __init__(
         self,
-        index: PrefixIndex | None = None,
+        index: BlockIndex | None = None,
         *,
         overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
         balance_factor: float = DEFAULT_BALANCE_FACTOR,
@@ -155,6 +171,23 @@ class PrefixAware:
         self.index.forget_replica(replica_id)
 
 
+class KVEventsAware(PrefixAware):
+    """`PrefixAware`'s cost and balance guard over the engines' reported blocks.
+
+    `index`: the pool's `kv_feed.KVEventFeed` (or a bare `KVIndex` in tests), kept by the
+    engines' KV events; the request's `block_hashes` must be vLLM's, in the engines' block size.
+    Sending a request teaches it nothing: the engine's events will say what it stored.
+    """
+
+    name = "kv_events"
+
+    def record(self, replica_id: str, block_hashes: Sequence[int]) -> None:
+        """Nothing: the engine reports what it stored."""
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Nothing: the feed drops a replica that is gone (its events stop with it)."""
+
+
 def choose_replica(
     policy: RoutingPolicy, request: RoutingRequest, replicas: Sequence[ReplicaState]
 ) -> str:
@@ -164,12 +197,16 @@ def choose_replica(
     return policy.rank(request, replicas)[0]
 
 
-def make_policy(name: str, cfg: RoutingConfig = RoutingConfig()) -> RoutingPolicy:
-    """A fresh policy by config name ("round_robin", "least_loaded", "prefix_aware").
+def make_policy(
+    name: str, cfg: RoutingConfig = RoutingConfig(), index: BlockIndex | None = None
+) -> RoutingPolicy:
+    """A fresh policy by config name ("round_robin", "least_loaded", "prefix_aware",
+    "kv_events").
 
     The prefix-aware policy's index starts at `cfg.index_max_blocks`, or with "auto" at the
     bound for a capacity not yet known; its owner resizes it once the engines report theirs
-    (`index_size.index_max_blocks`, `PrefixIndex.resize`)."""
+    (`index_size.index_max_blocks`, `PrefixIndex.resize`). `index`: the KV-event index the
+    kv_events policy reads (its pool's `KVEventFeed`; None: a fresh empty `KVIndex`)."""
     if name == RoundRobin.name:
         return RoundRobin()
     if name == LeastLoaded.name:
@@ -177,6 +214,16 @@ def make_policy(name: str, cfg: RoutingConfig = RoutingConfig()) -> RoutingPolic
     if name == PrefixAware.name:
         return PrefixAware(
             PrefixIndex(index_max_blocks(
+                cfg.index_max_blocks, engine_kv_tokens=0, replicas=0, max_replicas=None,
+                block_size=cfg.block_size,
+            )),
+            overlap_weight=cfg.overlap_weight,
+            balance_factor=cfg.balance_factor,
+            balance_min_gap=cfg.balance_min_gap,
+        )
+    if name == KVEventsAware.name:
+        return KVEventsAware(
+            index if index is not None else KVIndex(index_max_blocks(
                 cfg.index_max_blocks, engine_kv_tokens=0, replicas=0, max_replicas=None,
                 block_size=cfg.block_size,
             )),

@@ -33,6 +33,16 @@ STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "xgrammar", "disable_any_whites
 # soak's prefill worker grew 1754 -> 2404 MiB, slowing down as the cache filled (BENCHMARKS.md).
 ONEDNN_PRIMITIVE_CACHE_CAPACITY = 0
 
+# vLLM's KV-event publisher of every engine when `router.routing.kv_events` is on: "tcp://*:0"
+# binds the replica's address (VLLM_HOST_IP, set by the host like the NIXL side channel's) on a
+# port the OS picks, and vLLM reports the address it bound (`get_kv_event_sources`), which the
+# replica advertises to the routers. The replay endpoint serves the last `buffer_steps` batches
+# to a router that (re)subscribes (router/routing/kv_feed.py).
+KV_EVENTS_CONFIG: dict[str, Any] = {
+    "enable_kv_cache_events": True, "publisher": "zmq",
+    "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": "kv",
+}
+
 # vLLM's tool-call parser of the built-in tiny model (model.path null, model.tool_call_parser
 # unset): "pythonic" needs no special token in the vocabulary, which the tiny model lacks.
 TINY_TOOL_CALL_PARSER = "pythonic"
@@ -73,6 +83,7 @@ class EngineSpec:
     reasoning_parser: str | None = None
     chat_template: str | None = None
     scheduling_policy: str = "fcfs"  # vLLM's scheduler policy ("priority": requests' priority)
+    kv_events: bool = False  # publish vLLM's KV cache events (router.routing.kv_events)
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
@@ -132,6 +143,7 @@ def engine_spec(
         reasoning_parser=cfg.model.reasoning_parser,
         chat_template=cfg.model.chat_template,
         scheduling_policy=pool.scheduling_policy,
+        kv_events=cfg.router.routing.kv_events,
     )
 
 
@@ -156,6 +168,8 @@ def engine_kwargs(spec: EngineSpec, model_path: str, revision: str | None = None
         "kv_cache_dtype": spec.kv_cache_dtype,
         "scheduling_policy": spec.scheduling_policy,
     }
+    if spec.kv_events:  # vllm.config.KVEventsConfig keywords (the host builds it)
+        kwargs["kv_events_config"] = dict(KV_EVENTS_CONFIG)
     if revision is not None:
         kwargs["revision"] = revision
     if spec.block_size is not None:

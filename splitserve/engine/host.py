@@ -40,6 +40,7 @@ from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.models import resolve_model
 from splitserve.router.forward import prefill_payload, samples
+from splitserve.router.routing.kv_feed import EventSource
 
 log = logging.getLogger("splitserve.engine")
 
@@ -130,6 +131,8 @@ class EngineHost:
             host = spec.kv_host or ray.util.get_node_ip_address()
             port = free_port_block(host, spec.tensor_parallel_size)
             os.environ.update(nixl_env(host, port))
+        if spec.kv_events:  # the KV-event publisher binds this address (args.KV_EVENTS_CONFIG)
+            os.environ["VLLM_HOST_IP"] = spec.kv_host or ray.util.get_node_ip_address()
         model = resolve_model(spec.model, spec.tiny_variant)
         log.info("%s: starting engine on cores %s for %s%s", self._holder, cores, model.model,
                  f" at {model.revision}" if model.revision else "")
@@ -142,7 +145,20 @@ class EngineHost:
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
         self.kv_capacity_tokens = kv_capacity_tokens(self.engine.vllm_config)
         self.chunk_tokens = self.engine.vllm_config.scheduler_config.max_num_batched_tokens
-        log.info("%s: KV cache of %d tokens", self._holder, self.kv_capacity_tokens)
+        self.kv_events = self._kv_event_source()
+        log.info("%s: KV cache of %d tokens%s", self._holder, self.kv_capacity_tokens,
+                 f", KV events at {self.kv_events.endpoint}" if self.kv_events else "")
+
+    def _kv_event_source(self) -> EventSource | None:
+        """Where the engine publishes its KV events, as vLLM bound it (None: not publishing)."""
+        if not self.spec.kv_events:
+            return None
+        bound = self.engine.engine_core.get_kv_event_sources().get(0)
+        if bound is None:
+            return None
+        cache = self.engine.vllm_config.cache_config
+        return EventSource(bound.endpoint, bound.replay_endpoint, int(cache.block_size),
+                           str(cache.prefix_caching_hash_algo))
 
     def _build_engine(self, model_path: str, revision: str | None):
         from vllm.config import KVTransferConfig, StructuredOutputsConfig
@@ -155,6 +171,10 @@ class EngineHost:
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(
             **STRUCTURED_OUTPUTS, reasoning_parser=self.spec.reasoning_parser or "")
         self._frontend_args = vllm_server.frontend_args(self.spec, kwargs)
+        if "kv_events_config" in kwargs:
+            from vllm.config import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig(**kwargs["kv_events_config"])
         if self.spec.kv_transfer:
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s,
@@ -411,7 +431,8 @@ class EngineHost:
         )
         return {"num_unfinished": s.num_unfinished, "kv_cache_usage": s.kv_cache_usage,
                 "kv_capacity_tokens": self.kv_capacity_tokens,
-                "loras": list(self._loaded_loras)}
+                "loras": list(self._loaded_loras),
+                "kv_events": self.kv_events.to_stats() if self.kv_events else None}
 
     async def check_health(self) -> None:
         """Serve's health hook: raises when the engine process is dead."""

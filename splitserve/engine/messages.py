@@ -62,6 +62,16 @@ class HTTPCall:
 
 
 @dataclass(frozen=True)
+class PromptBlocks:
+    """A prompt's KV block hashes as its pool's engines compute them (vLLM's hashes, in the
+    engines' `block_size`; `splitserve.router.routing.vllm_hash`). The dispatcher computes them
+    once per request; the pools' request routers read them. Engines ignore them."""
+
+    block_size: int
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """One request as a worker sees it: `http`, the call to the engine replica's vLLM server
     (`engine/vllm_server.py`), whose chunks carry that server's response bytes
@@ -83,6 +93,7 @@ class GenerateRequest:
     # False: the request must run whole on one engine (a forwarded call with several output
     # sequences or prompts: vLLM's server hands off one prompt's KV per request)
     disaggregable: bool = True
+    prompt_blocks: PromptBlocks | None = None  # set by the dispatcher (routing only)
 
     @classmethod
     def completion(

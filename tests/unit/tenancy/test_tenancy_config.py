@@ -15,7 +15,7 @@ def test_defaults_keep_the_old_behaviour() -> None:
     assert cfg.tenancy.open_mode is True and cfg.tenancy.tenants_file is None
     assert cfg.router.routing.block_size == 16
     routing = cfg.router.routing
-    assert (routing.prefill, routing.decode) == ("prefix_aware", "prefix_aware")
+    assert (routing.prefill, routing.decode) == ("kv_events", "kv_events")
 
 
 def test_tenant_fields_parse() -> None:
