@@ -37,9 +37,12 @@ class Target:
             raise ValueError("max_in_flight must be >= 1 and timeout_s > 0")
 
 
-def completion_body(model: str, req: BenchRequest) -> dict[str, Any]:
-    """The JSON body of one streamed completion with an exact output length."""
-    return {
+def completion_body(
+    model: str, req: BenchRequest, *, return_token_ids: bool = False
+) -> dict[str, Any]:
+    """The JSON body of one streamed completion with an exact output length (and the generated
+    ids in its chunks when `return_token_ids`)."""
+    body = {
         "model": model,
         "prompt": list(req.prompt),
         "max_tokens": req.max_tokens,
@@ -48,10 +51,16 @@ def completion_body(model: str, req: BenchRequest) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if return_token_ids:
+        body["return_token_ids"] = True  # vLLM extension: each chunk's token ids
+    return body
 
 
-async def _read_stream(resp: httpx.Response, rec: RequestResult, sent: float) -> None:
-    """Consume the SSE body, timing each chunk with choices; sets `rec.error` on a bad stream."""
+async def _read_stream(
+    resp: httpx.Response, rec: RequestResult, sent: float, token_ids: list[int] | None
+) -> None:
+    """Consume the SSE body, timing each chunk with choices (and appending its ids to
+    `token_ids` unless None); sets `rec.error` on a bad stream."""
     decoder, last, done = SSEDecoder(), None, False
     async for data in resp.aiter_bytes():
         now = time.perf_counter()
@@ -64,6 +73,8 @@ async def _read_stream(resp: httpx.Response, rec: RequestResult, sent: float) ->
             if event.usage:
                 rec.output_tokens = event.usage.get("completion_tokens")
             if event.content:
+                if token_ids is not None:
+                    token_ids.extend(event.token_ids)
                 rec.chunks += 1
                 if last is None:
                     rec.ttft_s = now - sent
@@ -77,22 +88,27 @@ async def _read_stream(resp: httpx.Response, rec: RequestResult, sent: float) ->
 
 
 async def send_one(
-    client: httpx.AsyncClient, target: Target, req: BenchRequest, t0: float
+    client: httpx.AsyncClient, target: Target, req: BenchRequest, t0: float,
+    *, token_ids: list[int] | None = None,
 ) -> RequestResult:
-    """Send `req` now and measure it; never raises for HTTP or stream failures."""
+    """Send `req` now and measure it; never raises for HTTP or stream failures.
+
+    `token_ids`: a list to receive the generated ids (the request then asks for them).
+    """
     rec = RequestResult(req.index, req.arrival_s, len(req.prompt), req.max_tokens)
     sent = time.perf_counter()
     rec.sent_s = sent - t0
     try:
         async with asyncio.timeout(target.timeout_s):
             async with client.stream(
-                "POST", "completions", json=completion_body(target.model, req)
+                "POST", "completions",
+                json=completion_body(target.model, req, return_token_ids=token_ids is not None),
             ) as resp:
                 rec.status_code = resp.status_code
                 if resp.status_code != 200:
                     rec.error = _http_error(await resp.aread())
                 else:
-                    await _read_stream(resp, rec, sent)
+                    await _read_stream(resp, rec, sent, token_ids)
     except TimeoutError:
         rec.error = f"timed out after {target.timeout_s:g} s"
     except httpx.HTTPError as err:

@@ -53,7 +53,8 @@ class CompletionEvent:
     """What one `/v1/completions` stream payload says.
 
     `content` is true for a chunk with choices (a token step, even if its text is empty);
-    `usage` is the usage object when the chunk has one; `error` an error message.
+    `usage` is the usage object when the chunk has one; `error` an error message; `token_ids`
+    the chunk's generated ids when the request asked for them (vLLM's `return_token_ids`).
     """
 
     done: bool = False
@@ -62,6 +63,7 @@ class CompletionEvent:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     error: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 def parse_completion_event(payload: str) -> CompletionEvent:
@@ -83,6 +85,7 @@ def parse_completion_event(payload: str) -> CompletionEvent:
         text=first.get("text") or "",
         finish_reason=first.get("finish_reason"),
         usage=body.get("usage"),
+        token_ids=tuple(first.get("token_ids") or ()),
     )
 
 

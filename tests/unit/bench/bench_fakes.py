@@ -8,12 +8,15 @@ import json
 import httpx
 
 
-def chunk(text: str, finish: str | None = None) -> bytes:
-    """One completion chunk as our router sends it (with `usage: null`)."""
+def chunk(text: str, finish: str | None = None, token_ids: list[int] | None = None) -> bytes:
+    """One completion chunk as our router sends it (with `usage: null`; with `token_ids` as
+    vLLM adds them under `return_token_ids`)."""
+    choice = {"index": 0, "logprobs": None, "finish_reason": finish, "text": text}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     body = {
         "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
-        "choices": [{"index": 0, "logprobs": None, "finish_reason": finish, "text": text}],
-        "usage": None,
+        "choices": [choice], "usage": None,
     }
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
@@ -31,9 +34,18 @@ def usage(prompt: int, completion: int) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def stream_for(prompt_tokens: int, max_tokens: int) -> list[bytes]:
-    """A whole successful stream: one chunk per token, usage, [DONE]."""
-    pieces = [chunk(f"t{i}", "length" if i == max_tokens - 1 else None) for i in range(max_tokens)]
+def reply_ids(prompt: list[int], max_tokens: int) -> list[int]:
+    """The fake model's greedy reply: a function of the prompt, like a real one."""
+    return [(sum(prompt) * 31 + 7 * i + len(prompt)) % 400 + 10 for i in range(max_tokens)]
+
+
+def stream_for(prompt_tokens: int, max_tokens: int, ids: list[int] | None = None) -> list[bytes]:
+    """A whole successful stream: one chunk per token (with its id when `ids`), usage, [DONE]."""
+    pieces = [
+        chunk(f"t{i}", "length" if i == max_tokens - 1 else None,
+              None if ids is None else [ids[i]])
+        for i in range(max_tokens)
+    ]
     return [*pieces, usage(prompt_tokens, max_tokens), DONE]
 
 
@@ -43,6 +55,7 @@ class FakeServer:
     def __init__(self, gap_s: float = 0.0, first_s: float = 0.0) -> None:
         self.gap_s, self.first_s = gap_s, first_s
         self.bodies: list[dict] = []
+        self.auth: list[str | None] = []  # each request's Authorization header
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -61,7 +74,9 @@ class FakeServer:
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         self.bodies.append(body)
-        parts = stream_for(len(body["prompt"]), body["max_tokens"])
+        self.auth.append(request.headers.get("authorization"))
+        ids = reply_ids(body["prompt"], body["max_tokens"]) if body.get("return_token_ids") else None
+        parts = stream_for(len(body["prompt"]), body["max_tokens"], ids)
         return httpx.Response(200, content=self._body(parts),
                               headers={"content-type": "text/event-stream"})
 
