@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import sys
 import time
@@ -59,13 +60,34 @@ from splitserve.router.routing import (
     make_policy,
     routing_request,
 )
-from splitserve.router.tenancy import cache_salt_for, generate_api_key, hash_api_key
+from splitserve.router.tenancy import cache_salt_for
 
 from splitserve.bench.client import Target, make_client, send_one
+from splitserve.bench.engine_counters import cache_delta, kv_capacity_tokens, pool_stats
+from splitserve.bench.multi_turn import (
+    Conversation,
+    WorkingSet,
+    build_conversations,
+    working_set,
+)
+from splitserve.bench.multi_turn_cli import add_multi_turn_arguments, spec_from_args
+from splitserve.bench.multi_turn_compare import (
+    CONFIGURATIONS,
+    check_configurations,
+    combine,
+    format_comparison,
+    ttft_ratio,
+)
+from splitserve.bench.multi_turn_replay import (
+    measured_working_set,
+    replay_conversations,
+    summarize_turns,
+)
 from splitserve.bench.overhead import paired_overhead, sweep
-from splitserve.bench.report import write_json, write_requests
+from splitserve.bench.report import json_safe, write_json, write_requests
 from splitserve.bench.results import RequestResult
 from splitserve.bench.stats import percentiles
+from splitserve.bench.tenants import tenant_keys, tenants_config
 from splitserve.bench.workload import BenchRequest, LengthSpec, arrival_times
 from splitserve.config import RoutingConfig
 from tests.conftest import running_deployment, test_config
@@ -74,19 +96,14 @@ MODEL = "splitserve-tiny"
 ENGINE_BLOCK = 128  # vLLM's CPU KV block size; the router hashes blocks of the same size
 TOKENS = (10, 500)  # the tiny model's ordinary token ids
 POLICIES = ("prefix_aware", "round_robin")
-HIGH_QUOTAS = {  # never reached: the quota code runs, nothing is refused
-    "requests_per_minute": 10**7,
-    "tokens_per_minute": 10**10,
-    "max_concurrent_requests": 10**5,
-    "max_tokens_per_request": 10**5,
-}
 SHORT_PROMPT_LEN = 32  # part 2: below one KV block, so the prefix cache plays no part
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", action="append", choices=("prefix", "tenancy"), help="default: both")
+    p.add_argument("--part", action="append", choices=("prefix", "tenancy", "multi_turn"),
+                   help="default: prefix and tenancy")
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument("--requests", type=int, default=48, help="part 1: measured requests")
     p.add_argument("--rate", type=float, default=1.0, help="part 1: Poisson requests/s")
@@ -96,11 +113,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overhead-requests", type=int, default=200, help="part 2: pairs")
     p.add_argument("--concurrency", default="1,4,16,64", help="part 2: closed-loop levels")
     p.add_argument("--level-seconds", type=float, default=6.0, help="part 2: per level")
-    p.add_argument("--rounds", type=int, default=1, help="part 2: off/on deployments each")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="tenancy: off/on deployments each; multi_turn: interleaved rounds")
+    add_multi_turn_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results/routing")
     args = p.parse_args(argv)
     args.part = args.part or ["prefix", "tenancy"]
+    if args.quick:
+        for key, value in MULTI_TURN_QUICK.items():
+            setattr(args, key, value)
     args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
     if args.tenants < 2:
         p.error("--tenants must be at least 2 (tenants 0 and 1 share a system prompt)")
@@ -108,19 +130,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- tenants and workload (pure)
-
-
-def tenant_keys(n: int) -> dict[str, str]:
-    """A fresh API key per tenant, by tenant name."""
-    return {f"tenant-{i}": generate_api_key() for i in range(n)}
-
-
-def tenants_config(keys: dict[str, str]) -> list[dict[str, Any]]:
-    """The `tenants` config section for these keys, with quotas that never refuse."""
-    return [
-        {"name": name, "api_key_hashes": [hash_api_key(key)], "quotas": HIGH_QUOTAS}
-        for name, key in keys.items()
-    ]
 
 
 @dataclass(frozen=True)
@@ -179,83 +188,6 @@ def simulated_hit_rate(workload: Sequence[TenantRequest], policy: str, replicas:
         held[rid].update(req.block_hashes)
         pol.record(rid, req.block_hashes)
     return hits / queried
-
-
-# ---------------------------------------------------------------- engine counters
-
-
-def replica_actors(pool: str) -> dict[str, Any]:
-    """The Ray actors of a pool's Serve replicas, by replica ("prefill#<id>")."""
-    import ray
-
-    prefix = f"SERVE_REPLICA::splitserve#{pool}#"
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return {
-        a["name"].split("#", 1)[1]: ray.get_actor(a["name"], namespace=a["namespace"])
-        for a in named
-        if a["name"].startswith(prefix)
-    }
-
-
-def pool_stats(pool: str, replicas: int) -> dict[str, Any]:
-    """Each replica's `EngineStats` and Serve routing stats, asked of every replica directly.
-
-    Not through the pool's handle: its request router picks one replica per call, and after a
-    run it kept picking the same one. Calling a replica actor's user method takes Serve's
-    internal request envelope (`RequestMetadata`); fine for a benchmark, not for product code.
-    Falls back to asking through the handle (slowly, until every replica answered).
-    """
-    import pickle
-    import uuid
-
-    import ray
-    from ray import serve
-    from ray.serve._private.common import RequestMetadata
-
-    out: dict[str, Any] = {}
-    try:
-        for rid, actor in replica_actors(pool).items():
-            req_id = f"bench-stats-{uuid.uuid4().hex}"
-            meta = RequestMetadata(
-                request_id=req_id,
-                internal_request_id=req_id,
-                call_method="stats",
-                app_name="splitserve",
-            )
-            stats = ray.get(actor.handle_request.remote(pickle.dumps(meta)))
-            out[rid] = {"engine": stats, "routing": ray.get(actor.record_routing_stats.remote())}
-    except Exception as err:  # noqa: BLE001 - Serve internals moved: use the handle
-        print(f"[stats] direct replica call failed ({err!r}); asking through the handle")
-    handle = serve.get_deployment_handle(pool, app_name="splitserve")
-    for _ in range(120):
-        if len(out) >= replicas:
-            return out
-        s = handle.stats.remote().result()
-        out.setdefault(s.replica, {"engine": s, "routing": None})
-        time.sleep(0.5)
-    raise RuntimeError(f"only {len(out)} of {replicas} {pool} replicas answered stats")
-
-
-def cache_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Prefix-cache queries and hits (tokens) per replica between two `pool_stats`."""
-    per = {
-        rid: {
-            "queried_tokens": after[rid]["engine"].prefix_cache_queries
-            - before[rid]["engine"].prefix_cache_queries,
-            "hit_tokens": after[rid]["engine"].prefix_cache_hits
-            - before[rid]["engine"].prefix_cache_hits,
-            "routing_stats_after": after[rid]["routing"],
-        }
-        for rid in after
-    }
-    queried = sum(r["queried_tokens"] for r in per.values())
-    hits = sum(r["hit_tokens"] for r in per.values())
-    return {
-        "hit_rate": hits / queried if queried else None,
-        "queried_tokens": queried,
-        "hit_tokens": hits,
-        "per_replica": per,
-    }
 
 
 # ---------------------------------------------------------------- part 1: prefix routing
@@ -410,6 +342,134 @@ def bench_tenancy(args: argparse.Namespace, results: dict[str, Any], save) -> No
             save()
 
 
+# ---------------------------------------------------------------- part 3: multi-turn
+
+
+MULTI_TURN_QUICK = {  # a check that the runner works, in a few minutes: not a measurement
+    "users": 16, "tenants": 2, "turns": "3", "system_len": "200-300", "message_len": "40-80",
+    "reply_len": "8-16", "user_rate": 4.0, "think_s": 0.5, "rounds": 1,
+}
+
+
+def add_multi_turn_args(p: argparse.ArgumentParser) -> None:
+    """Part multi_turn's options: the workload's (`splitserve bench --workload multi_turn`'s),
+    with defaults whose working set passes one 1 GiB CPU engine's KV, and the runner's."""
+    add_multi_turn_arguments(p, tenants=False)
+    p.set_defaults(users=500, turns="6-10", system_len="300-600", message_len="100-250",
+                   reply_len="32-64", user_rate=40.0, think_s=20.0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="multi_turn: a config override for every configuration (YAML value), "
+                        "e.g. kv_tier.size_gib=4; repeatable")
+    p.add_argument("--configs", default=",".join(CONFIGURATIONS),
+                   help="multi_turn: configurations, comma-separated")
+    p.add_argument("--quick", action="store_true",
+                   help=f"multi_turn: a small workload, one round ({MULTI_TURN_QUICK})")
+
+
+def multi_turn_base(keys: dict[str, str], sets: Sequence[str]) -> Any:
+    """The deployment all configurations share: colocated, 2 decode replicas (one core each),
+    the tenants, then the `--set` overrides; the configurations change the decode pool's
+    routing and the KV tier."""
+    import yaml
+
+    extra = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: use KEY=VALUE")
+        extra[key.strip()] = yaml.safe_load(value)
+    return test_config(**{
+        "mode": "colocated",
+        "pools.decode.replicas": 2,
+        "tenants": tenants_config(keys),
+        **extra,
+    })
+
+
+def run_multi_turn(
+    name: str, cfg: Any, keys: dict[str, str], convs: list[Conversation], out: Path, seed: int
+) -> dict[str, Any]:
+    """Deploy `cfg`, warm up, replay the conversations; TTFTs, the engines' counters."""
+    start = time.perf_counter()
+    with running_deployment(cfg) as base:
+        print(f"[multi_turn/{name}] ready after {time.perf_counter() - start:.0f} s", flush=True)
+        for tr in warmup_workload(list(keys), 4, seed):
+            asyncio.run(send_workload(base, keys, [tr]))
+        time.sleep(1)
+        before = pool_stats("decode", 2)
+        turns, duration = asyncio.run(
+            replay_conversations(f"{base}/v1", MODEL, keys, convs, timeout_s=600))
+        time.sleep(2)  # the engines' last step statistics
+        after = pool_stats("decode", 2)
+    path = out / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(json_safe(t.to_json())) + "\n" for t in turns))
+    ok = [t for t in turns if t.result.ok and t.result.ttft_s is not None]
+    return {
+        **summarize_turns(turns),
+        "duration_s": duration,
+        "ttft_ms_all": [t.result.ttft_s * 1000 for t in ok],
+        "ttft_ms_follow_up": [t.result.ttft_s * 1000 for t in ok if t.turn > 0],
+        "cache": cache_delta(before, after),
+        "kv_capacity_tokens": kv_capacity_tokens(after),
+        "measured_working_set": vars(measured_working_set(convs, turns)),
+    }
+
+
+def bench_multi_turn(args: argparse.Namespace, out: Path, results: dict[str, Any], save) -> None:
+    """Part 3: each configuration that validates, once per round, interleaved; into `results`."""
+    keys = tenant_keys(args.tenants)
+    base = multi_turn_base(keys, args.set)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    configs, skipped = check_configurations(base, names, "decode", ENGINE_BLOCK)
+    convs = build_conversations(
+        spec_from_args(args, args.tenants, base.model.max_model_len, TOKENS))
+    nominal = working_set(convs)
+    results.update({
+        "deployment": "colocated, 2 decode replicas (one core each); routing: router.routing.decode",
+        "workload": {k: getattr(args, k) for k in (*MULTI_TURN_QUICK, "seed")},
+        "config_overrides": args.set,
+        "conversations": len(convs),
+        "turns": sum(c.turns for c in convs),
+        "nominal_working_set": vars(nominal),
+        "skipped": skipped,
+        "rounds": [],
+    })
+    print(f"[multi_turn] {len(convs)} conversations, {results['turns']} turns; working set "
+          f"(nominal schedule): peak live {nominal.peak_live_tokens} tokens, "
+          f"{nominal.peak_live_unique_tokens} distinct; all histories {nominal.total_tokens}",
+          flush=True)
+    for name, why in skipped.items():
+        print(f"[multi_turn] skipped {name}: {why}", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for r in range(args.rounds):
+        order = list(configs) if r % 2 == 0 else list(reversed(configs))  # balance drift
+        for name in order:
+            run = run_multi_turn(name, configs[name], keys, convs,
+                                 out / "multi_turn" / f"round-{r}", args.seed)
+            runs[name].append(run)
+            results["rounds"].append({"round": r, "configuration": name, **{
+                k: v for k, v in run.items() if not k.startswith("ttft_ms_")}})
+            save()
+            print_capacity(name, run, nominal)
+    combined = {name: combine(rs) for name, rs in runs.items() if rs}
+    results["combined"] = combined
+    results["ratios_to_round_robin"] = {
+        n: ttft_ratio(combined, n, "round_robin") for n in combined if n != "round_robin"}
+    results["table"] = format_comparison(combined, skipped)
+
+
+def print_capacity(name: str, run: dict[str, Any], nominal: WorkingSet) -> None:
+    """One run's line: TTFT, hit rate, and the working set against one engine's KV."""
+    cap, ws = run["kv_capacity_tokens"], run["measured_working_set"]
+    hit = run["cache"]["hit_rate"]
+    print(f"[multi_turn/{name}] TTFT mean {run['ttft_ms']['mean']} ms, hit rate {hit}; "
+          f"working set peak {ws['peak_live_unique_tokens']} distinct tokens (measured), "
+          f"{nominal.peak_live_unique_tokens} (nominal) vs one engine's KV {cap} tokens: "
+          f"{'exceeds' if ws['peak_live_unique_tokens'] > cap else 'DOES NOT exceed'} it",
+          flush=True)
+
+
 # ---------------------------------------------------------------- tables and main
 
 
@@ -466,6 +526,11 @@ def main(argv: list[str] | None = None) -> None:
         doc["prefix"] = {}
         bench_prefix(args, out, doc["prefix"], save)
         print_prefix(doc["prefix"])
+    if "multi_turn" in args.part:
+        doc["multi_turn"] = {}
+        bench_multi_turn(args, out, doc["multi_turn"], save)
+        save()
+        print(doc["multi_turn"]["table"])
     if "tenancy" in args.part:
         doc["tenancy"] = {}
         bench_tenancy(args, doc["tenancy"], save)

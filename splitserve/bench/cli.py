@@ -5,6 +5,9 @@
         [--shared-prefix 256] --seed 0 --ttft-slo-ms 1000 --tpot-slo-ms 100 \\
         --out bench-results/run1 [--sweep-rates 1,2,4,8]
 
+`--workload multi_turn` replays seeded multi-tenant conversations instead (closed loop per user,
+each turn resending the history; see splitserve.bench.multi_turn_cli).
+
 Lengths: N (constant), MEAN:STD (normal, clipped to >= 1) or LOW-HIGH (uniform, inclusive).
 Prompts are random token ids in [--token-low, --token-high); against another model, set that
 range inside its vocabulary. Exit status: 0 when the benchmark ran (failed requests are
@@ -27,6 +30,10 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the bench options to `p` (no httpx or matplotlib import: the CLI stays quick)."""
+    from splitserve.bench.multi_turn_cli import add_multi_turn_arguments
+
+    p.add_argument("--workload", choices=["requests", "multi_turn"], default="requests",
+                   help="independent requests (default) or multi-turn conversations")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="OpenAI base URL")
     p.add_argument("--model", default="splitserve-tiny", help="model id to send")
     p.add_argument("--api-key", default=None, help="sent as a Bearer token if given")
@@ -50,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the same prompts at every sweep rate and in the warm-up "
                         "(default: fresh prompts each time, so no run hits another's prefix cache)")
     p.add_argument("--out", default=None, help="output dir (default bench-results/<UTC time>)")
+    add_multi_turn_arguments(p)
+    p.add_argument("--tenant-keys", default=None,
+                   help="multi_turn: comma-separated API keys, one tenant each")
 
 
 def _rates(text: str) -> tuple[float, ...]:
@@ -88,6 +98,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark the arguments describe, print a table, return the exit status."""
+    if args.workload == "multi_turn":
+        from splitserve.bench.multi_turn_cli import run as run_multi_turn
+
+        return run_multi_turn(args)
     from splitserve.bench.report import format_summary, format_sweep
     from splitserve.bench.runner import run_bench
 

@@ -181,17 +181,30 @@ class WorkingSet:
         return self.peak_live_unique_tokens > capacity_tokens
 
 
-def working_set(convs: Sequence[Conversation]) -> WorkingSet:
-    """The workload's working set under its nominal schedule: a conversation is live from its
-    first turn to its last (inclusive) and holds the history through its latest turn; "unique" counts
-    each tenant's system prompt once while any of its conversations is live (what a single
-    prefix cache holding every live conversation would keep)."""
+def working_set(
+    convs: Sequence[Conversation],
+    starts: Sequence[Sequence[float]] | None = None,
+    ends: Sequence[float] | None = None,
+) -> WorkingSet:
+    """The workload's working set: a conversation is live from its first turn to its end and
+    holds the history through its latest turn; "unique" counts each tenant's system prompt once
+    while any of its conversations is live (what one prefix cache holding every live
+    conversation would keep).
+
+    Default: the nominal schedule (`turn_times`; a conversation ends at its last turn). A
+    measured schedule gives each conversation's turn send times (`starts[k]`, the turns actually
+    sent) and end (`ends[k]`, e.g. its last reply).
+    """
+    if starts is None:
+        starts = [turn_times(c) for c in convs]
+    if ends is None:
+        ends = [times[-1] if len(times) else 0.0 for times in starts]
     events: list[tuple[float, int, int, int]] = []  # (time, order, conv index, turns done)
-    for k, conv in enumerate(convs):
-        times = turn_times(conv)
-        for turn, t in enumerate(times):
-            events.append((t, 0, k, turn + 1))
-        events.append((times[-1], 1, k, -1))  # ends after its last turn counted
+    for k, times in enumerate(starts):
+        if not len(times):
+            continue
+        events += [(float(t), 0, k, turn + 1) for turn, t in enumerate(times)]
+        events.append((float(ends[k]), 1, k, -1))  # after the turns of the same moment
     heapq.heapify(events)
     held = [0] * len(convs)
     live_per_tenant: dict[int, int] = {}
@@ -220,5 +233,7 @@ def working_set(convs: Sequence[Conversation]) -> WorkingSet:
         if done >= 0 and (not events or events[0][:2] != (t, 0)):
             # after a moment's turns, before the ends at that moment: a last turn counts
             peak, peak_unique = max(peak, live), max(peak_unique, unique)
-    total = sum(history_tokens(c, c.turns) for c in convs)
+    total = sum(
+        history_tokens(c, len(times)) for c, times in zip(convs, starts, strict=True) if len(times)
+    )
     return WorkingSet(total, peak, peak_unique)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from splitserve.bench.client import Target, make_client, send_one
-from splitserve.bench.multi_turn import Conversation, turn_prompt
+from splitserve.bench.multi_turn import Conversation, WorkingSet, turn_prompt, working_set
 from splitserve.bench.results import RequestResult
 from splitserve.bench.workload import BenchRequest
 
@@ -100,6 +100,23 @@ async def replay_conversations(
         for c in clients.values():
             await c.aclose()
     return sorted(out, key=lambda r: (r.user, r.turn)), duration
+
+
+def measured_working_set(
+    convs: Sequence[Conversation], turns: Sequence[TurnResult]
+) -> WorkingSet:
+    """`working_set` under the replay's own schedule: each conversation from its first send to
+    its last reply, holding the history of the turns it completed (a failed turn ends it)."""
+    done: dict[int, list[TurnResult]] = {}
+    for t in sorted(turns, key=lambda t: (t.user, t.turn)):
+        if t.result.ok and t.result.sent_s is not None and t.result.e2e_s is not None:
+            done.setdefault(t.user, []).append(t)
+    starts = [[t.result.sent_s for t in done.get(c.user, [])] for c in convs]
+    ends = [
+        (rows[-1].result.sent_s + rows[-1].result.e2e_s) if (rows := done.get(c.user)) else 0.0
+        for c in convs
+    ]
+    return working_set(convs, starts, ends)
 
 
 def summarize_turns(turns: Sequence[TurnResult]) -> dict[str, Any]:

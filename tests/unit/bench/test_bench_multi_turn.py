@@ -17,7 +17,11 @@ from splitserve.bench.multi_turn import (
     turn_prompt,
     working_set,
 )
-from splitserve.bench.multi_turn_replay import replay_conversations, summarize_turns
+from splitserve.bench.multi_turn_replay import (
+    measured_working_set,
+    replay_conversations,
+    summarize_turns,
+)
 from splitserve.bench.workload import LengthSpec
 from tests.unit.bench.bench_fakes import FakeServer, reply_ids
 
@@ -146,6 +150,11 @@ def test_replay_sends_each_turn_with_the_servers_reply_and_the_tenants_key():
     summary = summarize_turns(turns)
     assert summary["failed"] == 0 and summary["turns"] == len(turns)
     assert [t.turn for t in turns if t.user == convs[0].user] == list(range(convs[0].turns))
+    measured = measured_working_set(convs, turns)
+    assert measured.total_tokens == working_set(convs).total_tokens
+    assert 0 < measured.peak_live_unique_tokens <= measured.peak_live_tokens
+    assert measured_working_set(convs, turns[:1]).total_tokens == turns[0].result.prompt_tokens \
+        + turns[0].result.max_tokens
 
 
 def test_spec_rejects_bad_values():
@@ -155,3 +164,19 @@ def test_spec_rejects_bad_values():
         spec(arrival_rate=0.0)
     with pytest.raises(ValueError):
         replace(spec(), token_range=(5, 5))
+
+
+def test_bench_cli_options_describe_the_workload():
+    import argparse
+
+    from splitserve.bench.cli import add_arguments
+    from splitserve.bench.multi_turn_cli import spec_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--workload", "multi_turn", "--users", "7", "--turns", "2-3",
+                         "--think-s", "0", "--max-context", "900", "--seed", "3"])
+    s = spec_from_args(args, tenants=2)
+    assert (s.users, s.tenants, str(s.turns), s.think_s, s.max_context, s.seed) == (
+        7, 2, "2-3", 0.0, 900, 3)
+    assert len(build_conversations(s)) == 7

@@ -1,0 +1,68 @@
+"""The multi-turn comparison's pure parts: configuration overrides (and skipping the ones this
+build cannot validate), pooling rounds, the TTFT ratio and the table."""
+
+from __future__ import annotations
+
+from splitserve.bench.multi_turn_compare import (
+    CONFIGURATIONS,
+    check_configurations,
+    combine,
+    configuration_overrides,
+    format_comparison,
+    ttft_ratio,
+)
+from splitserve.config import load_config
+
+
+def test_overrides_route_the_given_pool():
+    assert configuration_overrides("round_robin", "decode", 128) == {
+        "router.routing.decode": "round_robin"}
+    assert configuration_overrides("prefix_aware", "prefill", 128) == {
+        "router.routing.prefill": "prefix_aware", "router.routing.block_size": 128}
+    assert configuration_overrides("kv_events+tier", "decode", 128) == {
+        "router.routing.decode": "kv_events", "kv_tier.medium": "cpu"}
+
+
+def test_configurations_that_validate_and_the_reason_for_the_others():
+    base = load_config(None).with_overrides(mode="colocated")
+    ok, skipped = check_configurations(base, list(CONFIGURATIONS), "decode", 128)
+    assert {"round_robin", "prefix_aware", "kv_events"} <= set(ok)
+    assert ok["prefix_aware"].router.routing.decode == "prefix_aware"
+    assert ok["prefix_aware"].router.routing.block_size == 128
+    assert ok["round_robin"].router.routing.decode == "round_robin"
+    assert set(ok) | set(skipped) == set(CONFIGURATIONS) and not set(ok) & set(skipped)
+    if "kv_events+tier" in skipped:  # this build has no kv_tier section yet
+        assert "kv_tier" in skipped["kv_events+tier"]
+
+
+def test_a_configuration_the_base_refuses_is_skipped_with_the_configs_message():
+    base = load_config(None).with_overrides(**{"router.routing.kv_events": False,
+                                               "router.routing.decode": "round_robin",
+                                               "router.routing.prefill": "round_robin"})
+    ok, skipped = check_configurations(base, ["round_robin", "kv_events"], "decode", 128)
+    assert list(ok) == ["round_robin"]
+    assert "router.routing.kv_events: true" in skipped["kv_events"]
+
+
+def run(ttfts, follow, hits, queried, failed=0):
+    return {"ttft_ms_all": ttfts, "ttft_ms_follow_up": follow, "failed": failed,
+            "ttft_ms": {"mean": sum(ttfts) / len(ttfts)},
+            "cache": {"hit_tokens": hits, "queried_tokens": queried}}
+
+
+def test_combine_pools_every_rounds_turns_and_counters():
+    c = combine([run([100.0, 300.0], [300.0], 10, 100), run([200.0], [], 30, 100, failed=1)])
+    assert c["turns"] == 3 and c["failed"] == 1 and c["rounds"] == 2
+    assert c["ttft_ms"]["mean"] == 200.0 and c["ttft_follow_up_ms"]["mean"] == 300.0
+    assert c["hit_rate"] == 0.2
+    assert c["round_mean_ttft_ms"] == [200.0, 200.0]
+
+
+def test_ratio_and_table():
+    combined = {"round_robin": combine([run([300.0], [300.0], 0, 10)]),
+                "kv_events+tier": combine([run([90.0], [90.0], 9, 10)])}
+    assert ttft_ratio(combined, "kv_events+tier", "round_robin") == 0.3
+    assert ttft_ratio(combined, "kv_events", "round_robin") is None
+    table = format_comparison(combined, {"kv_events": "not built"})
+    assert "mean TTFT kv_events+tier / round_robin: 0.300" in table
+    assert "skipped kv_events: not built" in table
