@@ -72,6 +72,16 @@ class PromptBlocks:
 
 
 @dataclass(frozen=True)
+class ReplicaPin:
+    """The decode replica reserved for a request before its remote prefill (decode first,
+    `router/routing/reservations.py`): `replica_id` is Serve's replica unique id, `reservation`
+    the key the router releases once the decode request is routed there."""
+
+    replica_id: str
+    reservation: str
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """One request as a worker sees it: `http`, the call to the engine replica's vLLM server
     (`engine/vllm_server.py`), whose chunks carry that server's response bytes
@@ -94,6 +104,11 @@ class GenerateRequest:
     # sequences or prompts: vLLM's server hands off one prompt's KV per request)
     disaggregable: bool = True
     prompt_blocks: PromptBlocks | None = None  # set by the dispatcher (routing only)
+    # Decode request: the replica reserved for it; the pool's request router sends it there
+    # unless that replica is gone (then its ranking decides). Engines ignore it.
+    pin_replica: ReplicaPin | None = None
+    # Prefill request: the decode replica that will pull its KV (traces now; NIXL push later).
+    decode_replica: str | None = None
 
     @classmethod
     def completion(
