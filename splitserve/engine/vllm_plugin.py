@@ -42,6 +42,11 @@ Sixth, when `MQ_WAIT_ENV` is set (`patch_mq_sleep`; CPU engines get it from thei
 worker sleep on their socket instead of busy-waiting for 1 s after every message. On two shared
 cores the two spinning processes of each engine took CPU from every engine's compute: colocated
 engines decoded about a fifth faster without it (BENCHMARKS.md, session 10).
+
+Seventh, on the CPU platform only (`patch_cpu_kv_offload`): vLLM's OffloadingConnector (the KV
+tier, config `kv_tier`) copies blocks between the engine's KV and its offload pool with CUDA or
+XPU streams and refuses other platforms; `host_offload.HostCopyHandler` does those copies in
+host memory, where a CPU engine's KV already is (the why and the upstream fix: host_offload.py).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from splitserve.engine import kv_telemetry
+from splitserve.engine import host_offload, kv_telemetry
 
 log = logging.getLogger("splitserve.engine")
 
@@ -317,6 +322,17 @@ def patch_mq_sleep() -> bool:
     return True
 
 
+OFFLOAD_SPEC = "vllm.v1.kv_offload.cpu.spec"
+OFFLOAD_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
+
+
+def patch_cpu_kv_offload() -> None:
+    """On the CPU platform, vLLM's KV offloading workers copy in host memory (now or when its
+    modules are imported; the hooks check the platform): `host_offload`."""
+    _when_imported(OFFLOAD_SPEC, host_offload.patch_spec)
+    _when_imported(OFFLOAD_WORKER, host_offload.patch_handler)
+
+
 def _in_ray_actor() -> bool:
     ray = sys.modules.get("ray")  # never imported here just to answer "no"
     if ray is None or not ray.is_initialized():
@@ -340,4 +356,5 @@ def register() -> None:
     patch_nixl_progress_delay()
     patch_cpu_seeded_sampling()
     patch_cpu_worker_affinity()
+    patch_cpu_kv_offload()
     kv_telemetry.install()
