@@ -8,6 +8,12 @@ events). The decision itself is the pure policy in `splitserve.router.routing`; 
 only the adapter. It also keeps the pool's KV-event feed (`routing.kv_feed`, shared with the
 dispatcher in this process) subscribed to the pool's current replicas, whatever the policy.
 
+Decode first (`routing.reservations`): the router attaches itself to its pool's reservations in
+this process, so that the dispatcher can reserve a replica (`room_view`: the ranking, queue
+lengths and KV figures it routes with) before a remote prefill; a request pinned to a replica
+(`GenerateRequest.pin_replica`) goes there while it is a candidate, and its reservation is
+released once it is routed.
+
 Configured per pool deployment (see `splitserve.app.pool_deployment_options`):
 `RequestRouterConfig(request_router_class=PolicyRequestRouter, request_router_kwargs={...})`.
 """
@@ -17,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 from ray.serve.request_router import (
-    FIFOMixin,
     PendingRequest,
     ReplicaID,
     RequestRouter,
@@ -26,17 +31,24 @@ from ray.serve.request_router import (
 
 from splitserve.config import RoutingConfig
 from splitserve.engine.messages import GenerateRequest, LoraOp
+from splitserve.router.routing.decode_room import DecodeRoom
 from splitserve.router.routing.index_size import IndexSizer
 from splitserve.router.routing.kv_feed import EventSource, KVEventFeed, pool_feed
 from splitserve.router.routing.policies import KVEventsAware, make_policy
+from splitserve.router.routing.reservations import RoomView, pool_reservations
 from splitserve.router.routing.state import ReplicaState, RoutingRequest, routing_request
 
 # Routing requests remembered between `choose_replicas` and `on_request_routed` (hashed once).
 _RECENT = 256
 
 
-class PolicyRequestRouter(FIFOMixin, RequestRouter):
-    """Ranks a pool's replicas with one of splitserve's policies."""
+class PolicyRequestRouter(RequestRouter):
+    """Ranks a pool's replicas with one of splitserve's policies.
+
+    Without Serve's FIFOMixin: the replica chosen for a request goes to that request (Serve's
+    exact match by request id), not to the oldest one waiting, so a ranking made for one
+    prompt's cache, or a pinned replica, is not handed to another request.
+    """
 
     def initialize_state(
         self, policy: str = "least_loaded", max_replicas: int | None = None, **routing: Any
@@ -47,6 +59,10 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         deployment = getattr(self, "_deployment_id", None)
         self._feed = (pool_feed(deployment.app_name, deployment.name) if deployment is not None
                       else KVEventFeed("unnamed"))
+        self._reservations = pool_reservations(
+            *((deployment.app_name, deployment.name) if deployment is not None
+              else ("", "unnamed")))
+        self._reservations.attach(self)
         self._policy = make_policy(policy, self._cfg, self._feed)
         self._max_replicas = max_replicas
         self._sizer = IndexSizer(
@@ -92,6 +108,15 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         if seen is not None and seen[0] is pending:
             return seen[1]
         req = pending.args[0] if pending is not None and pending.args else None
+        request = self._request_of(req)
+        if pending is not None:
+            self._recent[id(pending)] = (pending, request)
+            while len(self._recent) > _RECENT:
+                self._recent.pop(next(iter(self._recent)))
+        return request
+
+    def _request_of(self, req: Any) -> RoutingRequest:
+        """The policy's view of `req` (hashed here; `_routing_request` remembers it)."""
         if not isinstance(req, GenerateRequest):
             return RoutingRequest(block_hashes=())
         if isinstance(self._policy, KVEventsAware):
@@ -106,10 +131,6 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
             request = routing_request(
                 req.prompt_token_ids, req.cache_salt or "", block_size=self._cfg.block_size
             )
-        if pending is not None:
-            self._recent[id(pending)] = (pending, request)
-            while len(self._recent) > _RECENT:
-                self._recent.pop(next(iter(self._recent)))
         return request
 
     def _state(self, replica: RunningReplica) -> ReplicaState:
@@ -122,6 +143,31 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
             active_blocks=int(stats.get("active_blocks", 0)),
         )
 
+    def room_view(self, req: GenerateRequest) -> RoomView | None:
+        """Decode first (`routing.reservations`): the pool's replicas that could serve `req` now
+        (with its LoRA adapter, if any report it), ranked by the policy, with their slots, KV
+        figures and the prompt tokens each holds cached; None before Serve gave any replica."""
+        candidates = with_adapter(list(self.curr_replicas.values()), _Pending((req,)))
+        if not candidates:
+            return None
+        request = self._request_of(req)
+        states = [self._state(r) for r in candidates]
+        ranking = tuple(self._policy.rank(request, states))
+        cached: dict[str, int] = {}
+        hasher = self._feed.hasher
+        if hasher is not None and request.block_hashes and isinstance(self._policy,
+                                                                      KVEventsAware):
+            held = self._feed.matched_blocks(request.block_hashes, [s.replica_id for s in states])
+            cached = {rid: n * hasher.block_size for rid, n in held.items()}
+        rooms = tuple(DecodeRoom(
+            replica_id=s.replica_id,
+            queue_depth=s.queue_depth,
+            max_ongoing=getattr(r, "max_ongoing_requests", None),
+            kv_usage=s.kv_usage,
+            kv_capacity_tokens=int((r.routing_stats or {}).get("kv_capacity_tokens", 0)),
+        ) for s, r in zip(states, candidates, strict=True))
+        return RoomView(ranking, rooms, cached)
+
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
@@ -130,23 +176,32 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         """Every candidate, best first, one per rank (Serve falls through when one is full).
 
         A retried request skips the replicas that already failed it, unless no other is left;
-        a request with a LoRA adapter goes to the replicas that report it loaded, if any.
+        a request with a LoRA adapter goes to the replicas that report it loaded, if any. A
+        request pinned to a replica (decode first) has it first while it is a candidate (the
+        policy's ranking follows, for Serve to fall through to when it is full); when it is
+        gone, the ranking alone decides (the dispatcher counts where the request landed).
         """
         candidate_replicas = with_adapter(avoid_failed(candidate_replicas, pending_request),
                                           pending_request)
         if not candidate_replicas:
             return []
+        self._reservations.attach(self)  # the latest router of the pool in this process
         self._sync_feed()
         self._fit_index()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         request = self._routing_request(pending_request)
         ranked = self._policy.rank(request, [self._state(r) for r in candidate_replicas])
-        return [[by_id[rid]] for rid in ranked if rid in by_id]
+        return [[by_id[rid]] for rid in pinned_first(ranked, pending_request) if rid in by_id]
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        """Remember which replica now holds this prompt's blocks (prefix_aware)."""
+        """Release the request's decode reservation; remember which replica now holds this
+        prompt's blocks (prefix_aware)."""
+        req = pending_request.args[0] if pending_request.args else None
+        pin = getattr(req, "pin_replica", None) if isinstance(req, GenerateRequest) else None
+        if pin is not None:
+            self._reservations.release(pin.reservation)
         if isinstance(self._policy, KVEventsAware):
             return  # the engine's events will say
         request = self._routing_request(pending_request)
@@ -170,6 +225,22 @@ def avoid_failed(
         return candidates
     kept = [r for r in candidates if r.replica_id.unique_id not in avoid]
     return kept or candidates
+
+
+def pinned_first(ranked: list[str], pending: PendingRequest | None) -> list[str]:
+    """Pure: `ranked` with the request's pinned replica first, when it is among them."""
+    req = pending.args[0] if pending is not None and pending.args else None
+    pin = req.pin_replica if isinstance(req, GenerateRequest) else None
+    if pin is None or pin.replica_id not in ranked:
+        return ranked
+    return [pin.replica_id, *(rid for rid in ranked if rid != pin.replica_id)]
+
+
+class _Pending:
+    """A request's arguments in the shape of Serve's `PendingRequest` (for `with_adapter`)."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
 
 
 def adapter_replicas(
