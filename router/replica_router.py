@@ -95,10 +95,10 @@ class PolicyRequestRouter(RequestRouter):
         """Subscribe the pool's feed to the replicas that publish KV events (all of them, not
         only this request's candidates); it forgets the ones gone."""
         sources = {}
-        for rid, replica in self.curr_replicas.items():
+        for replica in self.curr_replicas.values():
             source = EventSource.from_stats(replica.routing_stats)
             if source is not None:
-                sources[rid.unique_id] = source
+                sources[replica.replica_id.unique_id] = source
         self._feed.sync(sources)
 
     def _routing_request(self, pending: PendingRequest | None) -> RoutingRequest:

@@ -76,3 +76,64 @@ def test_policies_without_an_index_ignore_capacity() -> None:
     _set_replicas(router, _replica("a", CPU_KV_TOKENS))
     router._fit_index()  # nothing to resize, no error
     assert not hasattr(router._policy, "index")
+
+
+def _publishing(monkeypatch, rid: str, *hash_batches):
+    """A replica whose engine side is vLLM's own ZMQ publisher with these stored batches."""
+    import time
+
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+
+    from splitserve.router.routing.kv_feed import EventSource
+
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")
+    pub = ZmqEventPublisher(0, endpoint="tcp://*:0", replay_endpoint="tcp://*:0", topic="kv")
+    for hashes in hash_batches:
+        pub.publish(KVEventBatch(ts=time.time(), events=[BlockStored(
+            block_hashes=list(hashes), parent_block_hash=None, token_ids=[], block_size=16,
+            lora_id=None, medium="GPU", lora_name=None)]))
+    cfg = pub.get_publisher_config()
+    source = EventSource(cfg.endpoint, cfg.replay_endpoint, 16)
+    stats = {"kv_capacity_tokens": CPU_KV_TOKENS, "num_unfinished": 0,
+             "kv_events": source.to_stats()}
+    return pub, SimpleNamespace(replica_id=ReplicaId(rid), routing_stats=stats)
+
+
+def test_kv_events_routes_to_the_replica_whose_engine_reports_the_prompt(monkeypatch) -> None:
+    """The pool's feed follows the replicas' advertised publishers; the policy ranks by what
+    they report; the request's hashes are the dispatcher's (`prompt_blocks`), in the engines'
+    block size and hash, and the feed's index is sized in that block size."""
+    import time
+
+    from splitserve.engine.messages import GenerateRequest, PromptBlocks
+    from splitserve.router.routing.vllm_hash import PromptHasher
+
+    tokens = list(range(100, 164))  # 4 blocks of 16
+    hashes = PromptHasher(16).hashes(tokens, "salt")
+    pub_a, a = _publishing(monkeypatch, "a")
+    pub_b, b = _publishing(monkeypatch, "b", hashes[:3])
+    router = _router({"decode": "kv_events"})
+    try:
+        _set_replicas(router, a, b)
+        req = GenerateRequest.completion("r1", tokens, 4)
+        req = GenerateRequest(**{**req.__dict__, "cache_salt": "salt",
+                                 "prompt_blocks": PromptBlocks(16, hashes)})
+        pending = SimpleNamespace(args=[req])
+        deadline = time.monotonic() + 30
+        while router._policy.index.matched_blocks(hashes, ["b"])["b"] < 3:
+            asyncio.run(router.choose_replicas([a, b], pending))  # syncs the feed
+            assert time.monotonic() < deadline, "the feed never replayed b's events"
+            time.sleep(0.05)
+        ranked = asyncio.run(router.choose_replicas([a, b], SimpleNamespace(args=[req])))
+        assert [r[0].replica_id.unique_id for r in ranked] == ["b", "a"]
+        assert router._policy.index.index.max_blocks == 2 * 2 * CPU_KV_TOKENS // 16
+        _set_replicas(router, a)  # b is gone: the feed forgets it
+        asyncio.run(router.choose_replicas([a], pending))
+        deadline = time.monotonic() + 30
+        while router._policy.index.index.replicas():
+            assert time.monotonic() < deadline, "b's blocks outlived it"
+            time.sleep(0.05)
+    finally:
+        router._policy.index.close()
+        pub_a.shutdown()
+        pub_b.shutdown()
