@@ -1,9 +1,13 @@
-"""Multi-tenant routing: prefix-aware vs round-robin prefill routing, and tenancy's overhead.
+"""Multi-tenant routing: prefix-aware vs round-robin prefill routing, tenancy's overhead, and
+multi-turn conversations under four routing configurations.
 
-    .venv/bin/python scripts/bench_routing.py [--part prefix|tenancy ...] [--tenants 4]
-        [--requests 48] [--rate 1] [--prefix-len 600-1200] [--suffix-len 32-96]
+    .venv/bin/python scripts/bench_routing.py [--part prefix|tenancy|multi_turn ...]
+        [--tenants 4] [--requests 48] [--rate 1] [--prefix-len 600-1200] [--suffix-len 32-96]
         [--output-len 8] [--overhead-requests 200] [--concurrency 1,4,16,64]
         [--level-seconds 6] [--rounds 1] [--seed 0] [--out bench-results/routing]
+        [--users 500] [--turns 6-10] [--system-len 300-600] [--message-len 100-250]
+        [--reply-len 32-64] [--user-rate 40] [--think-s 20] [--configs a,b,...]
+        [--set KEY=VALUE ...] [--quick]
 
 Part `prefix` (two deployments, one after the other, Ray in this process through
 `tests.conftest.running_deployment`): mode disaggregated with 2 prefill replicas and 1 decode
@@ -27,10 +31,33 @@ engine's Serve handle called directly, same token ids, max_tokens=1, p50/p99; (b
 completed-requests rate in a closed-loop concurrency sweep (max_tokens=1, 32-token prompts), and
 the engine alone through its handle at the top concurrency as a bound.
 
-Writes, under --out: results.json (rewritten after each deployment) and
-prefix/<policy>/requests.jsonl. Prints a table per part.
+Part `multi_turn` (issue 28; not run by default): mode colocated, 2 decode replicas on a core
+each (colocated, so that a conversation's whole history, prompt and generated tokens, is cached
+on the replica that served its last turn: the replica choice decides the hits; disaggregated,
+the prefill pool would cache prompts only). Configurations (`--configs`,
+`splitserve.bench.multi_turn_compare`): round_robin, prefix_aware (the router's approximate
+index), kv_events (the engines' KV events), kv_events+tier (plus `kv_tier.medium: cpu`), set on
+`router.routing.decode`; one that does not validate in this build is reported as skipped with
+the config's message. `--tenants` tenants with API keys (their own cache salts) and system
+prompts; `--users` conversations (`splitserve.bench.multi_turn`): each turn resends the whole
+history (system prompt, earlier messages, the server's replies as token ids) plus a new message;
+users arrive at `--user-rate` (Poisson) and think `--think-s` on average between a reply and
+their next turn (closed loop per user). The same seeded conversations go to every configuration,
+in `--rounds` interleaved rounds (the order reversed every other round), each a fresh
+deployment. Reported per configuration: TTFT mean/p90 over all turns of all rounds and over
+follow-up turns, the decode engines' prefix-cache hit rate, each round's mean; the ratio of mean
+TTFT to round_robin's (issue 28's goal: kv_events+tier <= 1/3); the working set (sum of the live
+conversations' histories; distinct: a tenant's system prompt once), nominal and as replayed,
+against one engine's KV capacity as the engine reports it. `--set KEY=VALUE` overrides the
+config of every configuration (e.g. `kv_tier.size_gib=4`). `--quick`: 16 users, 2 tenants, 3
+turns, 1 round: a check that the runner works (a few minutes, mostly start-up), not a
+measurement; its working set stays far below the KV.
 
-Time: about 14 minutes on 2 cores with the defaults, most of it start-up (a 3-engine deployment
+Writes, under --out: results.json (rewritten after each deployment),
+prefix/<policy>/requests.jsonl and multi_turn/round-<r>/<configuration>.jsonl (one line per
+turn). Prints a table per part.
+
+Time: parts prefix and tenancy about 14 minutes on 2 cores with the defaults, most of it start-up (a 3-engine deployment
 on shared cores takes ~3 minutes to load, a 1-engine one ~1.5). The load generator shares the 2
 cores with the engines: compare rows with each other, not with a GPU cluster.
 """
@@ -463,10 +490,13 @@ def print_capacity(name: str, run: dict[str, Any], nominal: WorkingSet) -> None:
     """One run's line: TTFT, hit rate, and the working set against one engine's KV."""
     cap, ws = run["kv_capacity_tokens"], run["measured_working_set"]
     hit = run["cache"]["hit_rate"]
-    print(f"[multi_turn/{name}] TTFT mean {run['ttft_ms']['mean']} ms, hit rate {hit}; "
-          f"working set peak {ws['peak_live_unique_tokens']} distinct tokens (measured), "
-          f"{nominal.peak_live_unique_tokens} (nominal) vs one engine's KV {cap} tokens: "
-          f"{'exceeds' if ws['peak_live_unique_tokens'] > cap else 'DOES NOT exceed'} it",
+    print(f"[multi_turn/{name}] TTFT mean {run['ttft_ms']['mean'] or 0:.1f} ms, "
+          f"p90 {run['ttft_ms']['p90'] or 0:.1f} ms, failed {run['failed']}, hit rate "
+          f"{'-' if hit is None else f'{hit:.1%}'}; working set: peak "
+          f"{ws['peak_live_tokens']} tokens live, {ws['peak_live_unique_tokens']} distinct "
+          f"(replayed; nominal {nominal.peak_live_tokens} / {nominal.peak_live_unique_tokens})"
+          f" against one engine's KV of {cap} tokens: "
+          f"{'exceeds' if ws['peak_live_unique_tokens'] > cap else 'does NOT exceed'} it",
           flush=True)
 
 
