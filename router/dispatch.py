@@ -9,6 +9,12 @@ on the decode worker: the client never sees the prefill pool's trouble, only a s
 token. The decode request carries a fetch deadline: a handoff that waited longer than the prefill
 engine keeps its blocks is recomputed on decode instead of pulled.
 
+Decode first: before a remote prefill, the request reserves a decode replica with a slot and KV
+room for it (`routing.reservations`, through the decode pool's request router in this process);
+the decode request is pinned to that replica and the prefill told its identity. While no replica
+has room the request waits, holding its decode gate slot, without prefilling; past the gate's
+timeout it gets the gate's 503.
+
 With tracing on, each stream is a `splitserve.dispatch` span with the policy decision, the prefill
 hop (one child span per try), the gate waits and the decode hop under it (`router/tracing.py`).
 """
@@ -46,13 +52,21 @@ from splitserve.router.retry import (
     rejection,
     retry_prefill,
 )
+from splitserve.router.routing.decode_room import reserved_output
 from splitserve.router.routing.kv_feed import KVEventFeed, pool_feed
+from splitserve.router.routing.reservations import (
+    DecodeReservations,
+    Reservation,
+    pool_reservations,
+)
 from splitserve.router.signals import SignalRecorder
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
-from splitserve.router.tenancy.admission import Ticket
+from splitserve.router.tenancy.admission import TIMEOUT_RETRY_AFTER_S, Ticket
+from splitserve.router.tenancy.errors import queue_timeout
 from splitserve.router.tracing import (
     ATTEMPT,
     DECODE,
+    DECODE_REPLICA,
     DISPATCH,
     ENGINE_TTFT,
     FALLBACK,
@@ -75,12 +89,16 @@ from splitserve.router.tracing import (
 )
 
 from splitserve.config import DisaggregationConfig, StreamingConfig
-from splitserve.engine.messages import GenerateChunk, GenerateRequest, PromptBlocks
+from splitserve.engine.messages import GenerateChunk, GenerateRequest, PromptBlocks, ReplicaPin
 
 log = logging.getLogger("splitserve.router")
 
 # The output length the rule assumes for a request without `max_tokens` before any stream ended.
 DEFAULT_OUTPUT = 256
+# A decode replica's room also changes without this process hearing of it (other routers'
+# streams end; Serve refreshes queue lengths and routing stats on its own schedule): a request
+# waiting for room looks again this often, besides at once when a reservation here is released.
+ROOM_RECHECK_S = 0.5
 
 
 def pool_feeds(pools: dict[str, Any]) -> dict[str, KVEventFeed]:
@@ -92,6 +110,15 @@ def pool_feeds(pools: dict[str, Any]) -> dict[str, KVEventFeed]:
         if handle is not None and isinstance(getattr(dep, "name", None), str):
             feeds[pool] = pool_feed(dep.app_name, dep.name)
     return feeds
+
+
+def decode_reservations(pools: dict[str, Any]) -> DecodeReservations | None:
+    """The decode pool's reservations in this process (`routing.reservations`), shared with
+    its request router; None when the decode handle names no deployment."""
+    dep = getattr(pools.get("decode"), "deployment_id", None)
+    if isinstance(getattr(dep, "name", None), str):
+        return pool_reservations(dep.app_name, dep.name)
+    return None
 
 
 class Dispatcher:
@@ -135,6 +162,8 @@ class Dispatcher:
         # What each pool's engines hold, from their KV events: a prompt's expected cached
         # tokens per pool (the best-placed replica's), read by the rule.
         self.feeds = pool_feeds(pools)
+        # Decode first: the decode replica reserved before a remote prefill (None: none to ask).
+        self.reservations = decode_reservations(pools)
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
@@ -243,24 +272,76 @@ class Dispatcher:
             # prefilled (its gate answers 429/503 before any prefill starts).
             async with self.tracing.admit(self.tenancy, path.pool, tenant, n_prompt,
                                           parent) as ticket:
-                handed_at = None
-                if path.remote:
-                    req, handed_at = await self._remote_prefill(req, tenant, parent, span)
-                # prompt tokens decode lacks, as the handoff moves them
-                pulled = max(n_prompt - self.cached_tokens("decode", blocks), 0)
-                async with aclosing(self._generate(path.pool, req, ticket, parent)) as chunks:
-                    first = True
-                    async for chunk in chunks:
-                        if first and chunk.token_ids:
-                            first = False
-                            self._first_token(path, predicted, start, handed_at, pulled)
-                        yield chunk
+                handed_at, held = None, None
+                try:
+                    if path.remote:
+                        held = await self._reserve_decode(req, span)
+                        if held is not None:  # decode first: the prefill knows where it goes
+                            req = dataclasses.replace(
+                                req, pin_replica=ReplicaPin(held.replica_id, held.key))
+                        req, handed_at = await self._remote_prefill(req, tenant, parent, span)
+                    # prompt tokens decode lacks, as the handoff moves them
+                    pulled = max(n_prompt - (held.cached_tokens if held is not None
+                                             else self.cached_tokens("decode", blocks)), 0)
+                    async with aclosing(self._generate(path.pool, req, ticket,
+                                                       parent)) as chunks:
+                        first = True
+                        async for chunk in chunks:
+                            if held is not None and chunk.replica:
+                                self._landed(held, chunk.replica)
+                                held = None
+                            if first and chunk.token_ids:
+                                first = False
+                                self._first_token(path, predicted, start, handed_at, pulled)
+                            yield chunk
+                finally:
+                    if held is not None and self.reservations is not None:
+                        self.reservations.release(held.key)
         except BaseException as err:
             record_failure(span, err)
             raise
         finally:
             self._offloaded -= offloaded
+            if self.reservations is not None:
+                self.reservations.notify()  # a request waiting for decode room looks again
             span.end()
+
+    async def _reserve_decode(self, req: GenerateRequest, span: Span) -> Reservation | None:
+        """Decode first: reserve the decode replica with a slot and KV room for `req` (the
+        best-ranked by the pool's policy), before any prefill. While none has room, wait (the
+        decode gate slot stays held) up to the gate's timeout, then raise its 503. None when
+        there is nothing to ask (no request router up yet, no replicas): Serve routes as before.
+        """
+        slots = self.reservations
+        if slots is None:
+            return None
+        gate = self.tenancy.gates["decode"]
+        deadline = time.monotonic() + gate.timeout_s
+        output = reserved_output(req.sampling.max_tokens, self.calibration.stream_tokens)
+        waited = False
+        while True:
+            view = slots.view(req)
+            if view is None:
+                return None
+            held = slots.reserve(req, view, output)
+            if held is not None:
+                span.set_attribute(DECODE_REPLICA, held.replica_id)
+                return held
+            if not waited:
+                waited = True
+                self.metrics.decode_room_waits.inc()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise queue_timeout("decode", gate.timeout_s, TIMEOUT_RETRY_AFTER_S)
+            await slots.changed(min(left, ROOM_RECHECK_S))
+
+    def _landed(self, held: Reservation, replica: str) -> None:
+        """The pinned decode request runs on `replica` (the engine host's "deployment#id"):
+        release its reservation (if routing has not) and count a pin that was not kept."""
+        if replica.rsplit("#", 1)[-1] != held.replica_id:
+            self.metrics.decode_pin_misses.inc()
+        if self.reservations is not None:
+            self.reservations.release(held.key)
 
     async def _remote_prefill(
         self, req: GenerateRequest, tenant: Tenant, parent: Context | None, span: Span
@@ -371,6 +452,7 @@ class Dispatcher:
                 pool = "decode"  # it prefills its prompt there, like a colocated run
                 attempt = dataclasses.replace(
                     req, request_id=f"{req.request_id}-m{migrations}", kv_transfer_params=None,
+                    pin_replica=None,
                     avoid_replicas=attempt.avoid_replicas + ((failed,) if failed else ()),
                 )
 
@@ -502,8 +584,12 @@ class Dispatcher:
             request_id=f"{req.request_id}-prefill{suffix}",
             kv_transfer_params=prefill_request_params(),
             avoid_replicas=avoid,
+            pin_replica=None,  # the pin names a decode replica; the prefill carries it as such
+            decode_replica=req.pin_replica.replica_id if req.pin_replica is not None else None,
         )
         span.set_attribute(REQUEST_ID, prefill_req.request_id)
+        if prefill_req.decode_replica is not None:
+            span.set_attribute(DECODE_REPLICA, prefill_req.decode_replica)
         params = None
         gen = self.pools["prefill"].options(stream=True).generate.remote(
             engine_request(prefill_req))

@@ -165,6 +165,18 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.decode_room_waits = Counter(
+            "splitserve_decode_room_waits",
+            "Remote-prefill requests that waited, before prefilling, for a decode replica with a "
+            "slot and KV room (decode first).",
+            registry=r,
+        )
+        self.decode_pin_misses = Counter(
+            "splitserve_decode_pin_misses",
+            "Decode requests that ran on another replica than the one reserved for them (it was "
+            "gone or full when they were routed).",
+            registry=r,
+        )
         self.prefill_fallbacks = Counter(
             "splitserve_prefill_fallbacks",
             "Remote prefills that failed and were redone on the decode worker.",

@@ -122,6 +122,7 @@ FALLBACK = "splitserve.prefill.fallback"
 FALLBACK_REASON = "splitserve.prefill.fallback_reason"
 REQUEST_ID = "splitserve.request_id"
 REPLICA = "splitserve.replica"
+DECODE_REPLICA = "splitserve.decode_replica"  # the decode replica reserved before the prefill
 KV_BYTES = "splitserve.kv_transfer.bytes"
 KV_BLOCKS = "splitserve.kv_transfer.blocks"
 KV_BACKEND = "splitserve.kv_transfer.backend"

@@ -1,7 +1,9 @@
 """The dispatcher applies the disaggregation rule (router/policy.py) with what it measured, and
 counts the work in flight the rule reads: prompts count while they wait for or run a remote
 prefill, and while a pool prefills them itself, and nothing stays counted after a request ends,
-fails or is abandoned. A remote prefill starts only once its decode slot is held.
+fails or is abandoned. A remote prefill starts only once its decode slot is held, and, decode
+first, once a decode replica with a slot and KV room is reserved for it; the reservation is
+released when the decode request is routed, or the request ends, fails or is cancelled.
 
 The pool handles are fakes that stop at scripted points (no Ray); the gates, tenancy and metrics
 are the real ones.
@@ -10,6 +12,7 @@ are the real ones.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +21,8 @@ from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import APIError
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.policy import PoolLoad
+from splitserve.router.routing.decode_room import DecodeRoom
+from splitserve.router.routing.reservations import DecodeReservations, RoomView
 from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
 
 from splitserve.config import parse_config
@@ -60,9 +65,11 @@ class _Gated:
 COST = StepCost(0.001, 0.001, 1e-4, 2048)
 
 
-def _setup(tpot_slo_s: float | None = None, calibrated: bool = True, **disagg):
+def _setup(tpot_slo_s: float | None = None, calibrated: bool = True,
+           tenancy: dict | None = None, **disagg):
     cfg = parse_config({"mode": "disaggregated", "disaggregation": disagg,
-                        "tenancy": {"decode_max_in_flight": 4, "max_queued": 2}})
+                        "tenancy": {"decode_max_in_flight": 4, "max_queued": 2,
+                                    **(tenancy or {})}})
     prefill = _Gated([GenerateChunk(token_ids=(7,), text="", kv_transfer_params=HANDOFF)])
     decode = _Gated([GenerateChunk(token_ids=(1,), text="a"), GenerateChunk((2,), "b", "length")])
     metrics = RouterMetrics()
@@ -327,3 +334,133 @@ def test_a_remote_prompt_reports_its_output_tokens_to_both_pools():
         assert (late["decode"].arrivals, late["decode"].output_tokens) == (1, 2)
 
     asyncio.run(run())
+
+
+class _Rooms:
+    """The decode pool's request router as the reservations see it: two replicas, each with a
+    10 000-token KV cache, ranked a then b; a test sets their figures."""
+
+    def __init__(self) -> None:
+        self.rooms = {rid: DecodeRoom(rid, queue_depth=1, max_ongoing=8,
+                                      kv_capacity_tokens=10_000) for rid in ("a", "b")}
+
+    def set(self, rid: str, **figures) -> None:
+        self.rooms[rid] = dataclasses.replace(self.rooms[rid], **figures)
+
+    def room_view(self, req):
+        return RoomView(("a", "b"), tuple(self.rooms.values()))
+
+
+def _decode_first(routed_releases: bool = True, **tenancy):
+    """A remote-prefill dispatcher whose decode pool has the replicas of `_Rooms`; the fake
+    decode pool answers from the replica a request was pinned to and, with `routed_releases`,
+    releases its reservation when it is sent (Serve's on_request_routed)."""
+    d, prefill, decode, metrics = _setup(prefill="remote", tenancy=tenancy)
+    rooms = _Rooms()
+    d.reservations = DecodeReservations("decode")
+    d.reservations.attach(rooms)
+    remote = decode._remote
+
+    def routed(req):
+        if req.pin_replica is not None:
+            if routed_releases:
+                d.reservations.release(req.pin_replica.reservation)
+            pinned = f"decode#{req.pin_replica.replica_id}"
+            decode.chunks = [dataclasses.replace(c, replica=c.replica or pinned)
+                             for c in decode.chunks]
+        return remote(req)
+
+    decode._remote = routed
+    return d, prefill, decode, metrics, rooms
+
+
+def _counter(metrics, name: str) -> float:
+    return metrics.registry.get_sample_value(name) or 0.0
+
+
+def test_decode_first_reserves_a_replica_with_room_and_pins_the_request_there():
+    async def run():
+        d, prefill, decode, metrics, rooms = _decode_first()
+        rooms.set("a", kv_usage=0.95)  # 500 tokens free: not enough for the prompt
+        task = asyncio.create_task(_drain(d, _req(1000, 1), []))
+        await prefill.started.wait()
+        assert d.reservations.held() == {"b": (1, 1002)}  # prompt + max_tokens, held meanwhile
+        [sent] = prefill.requests
+        assert sent.decode_replica == "b" and sent.pin_replica is None
+        prefill.release.set()
+        await decode.started.wait()
+        assert decode.requests[0].pin_replica.replica_id == "b"
+        assert d.reservations.held() == {}  # released once routed
+        decode.release.set()
+        await task
+        assert _counter(metrics, "splitserve_decode_pin_misses_total") == 0
+        assert _counter(metrics, "splitserve_decode_room_waits_total") == 0
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_no_prefill_starts_while_no_decode_replica_has_kv_room():
+    async def run():
+        d, prefill, decode, metrics, rooms = _decode_first()
+        prefill.release.set()
+        decode.release.set()
+        for rid in ("a", "b"):
+            rooms.set(rid, kv_usage=1.0)
+        task = asyncio.create_task(_drain(d, _req(1000, 1), []))
+        while _counter(metrics, "splitserve_decode_room_waits_total") < 1:
+            await asyncio.sleep(0.01)
+        assert prefill.requests == [] and d.tenancy.gates["decode"].in_flight == 1
+        rooms.set("b", kv_usage=0.5)
+        d.reservations.notify()  # what a release or a stream's end does
+        await task
+        assert [r.decode_replica for r in prefill.requests] == ["b"]
+        assert d.reservations.held() == {} and d.load() == PoolLoad()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_request_no_decode_replica_can_take_in_time_gets_503_without_prefilling():
+    async def run():
+        d, prefill, _, _, rooms = _decode_first(queue_timeout_s=0.2)
+        for rid in ("a", "b"):
+            rooms.set(rid, queue_depth=8)  # every slot taken
+        with pytest.raises(APIError) as err:
+            await _drain(d, _req(1000, 1), [])
+        assert err.value.status == 503
+        assert prefill.requests == []
+        assert d.reservations.held() == {} and d.tenancy.gates["decode"].in_flight == 0
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_client_gone_during_the_prefill_releases_its_reservation():
+    async def run():
+        d, prefill, _, _, _ = _decode_first()
+        task = asyncio.create_task(_drain(d, _req(1000, 1), []))
+        await prefill.started.wait()
+        assert d.reservations.held() == {"a": (1, 1002)}
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert d.reservations.held() == {} and d.load() == PoolLoad()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_failed_decode_releases_its_reservation_and_a_pin_not_kept_is_counted():
+    async def run():
+        d, prefill, decode, metrics, _ = _decode_first(routed_releases=False)
+        prefill.release.set()
+        decode.fail = RuntimeError("replica gone")
+        decode.release.set()
+        with pytest.raises(APIError):
+            await _drain(d, _req(1000, 1), [])
+        assert d.reservations.held() == {}
+        decode.fail = None
+        decode.chunks = [dataclasses.replace(c, replica="decode#b") for c in decode.chunks]
+        await _drain(d, _req(1000, 2), [])  # pinned to a, answered by b
+        assert decode.requests[-1].pin_replica.replica_id == "a"
+        assert _counter(metrics, "splitserve_decode_pin_misses_total") == 1
+        assert d.reservations.held() == {}
+
+    asyncio.run(asyncio.wait_for(run(), 10))
