@@ -112,6 +112,12 @@ class PoolConfig(_Strict):
     kv_cache_gib: int = Field(
         1, ge=1, description="CPU only: KV cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
+    kv_cache_blocks: int | None = Field(
+        None, ge=1,
+        description="KV blocks per engine instead of what its memory holds (vLLM's "
+        "num_gpu_blocks_override): a smaller cache, e.g. to exercise eviction and the KV tier. "
+        "None: as many as fit.",
+    )
     step_wait_ms: int = Field(
         STEP_WAIT_MS, ge=0, le=1000,
         description="CPU only: the engine's scheduler and its model worker wait for each other "
@@ -418,6 +424,43 @@ class KvTransferConfig(_Strict):
         return self.fabric in ("infiniband", "roce", "efa")
 
 
+class KvTierConfig(_Strict):
+    """A second KV tier per engine beyond its own KV cache (vLLM's OffloadingConnector): blocks
+    the engine evicts stay there, and a prompt that starts with them loads them back instead of
+    computing them again. In disaggregated mode it is composed with the NIXL handoff (vLLM's
+    MultiConnector, NIXL first). Every engine, prefill and decode, has its own tier of
+    `size_gib`. (kv_transfer/tier.py; docs/kv-tier.md.)
+    """
+
+    medium: Literal["none", "cpu", "disk"] = Field(
+        "none",
+        description="none: no tier. cpu: an LRU pool in host memory (on a GPU, pinned host "
+        "memory; on the CPU, host memory beyond VLLM_CPU_KVCACHE_SPACE). disk: that host pool "
+        "in front of vLLM's file-system tier under `path`.",
+    )
+    size_gib: float | None = Field(
+        None, gt=0,
+        description="Host memory of the tier per engine in GiB (with disk: the pool in front of "
+        "the disk, in /dev/shm). Required unless medium is none.",
+    )
+    path: str | None = Field(
+        None,
+        description="disk only: the directory of the block files (absolute; a node-local volume "
+        "the engines on one node may share; vLLM neither bounds nor cleans it).",
+    )
+
+    @model_validator(mode="after")
+    def _medium_needs(self) -> KvTierConfig:
+        if self.medium != "none" and self.size_gib is None:
+            raise ValueError(f"kv_tier: medium {self.medium} needs size_gib (host memory per "
+                             "engine in GiB)")
+        if self.medium == "disk" and not (self.path and self.path.startswith("/")):
+            raise ValueError(f"kv_tier: medium disk needs an absolute path, got {self.path!r}")
+        if self.medium != "disk" and self.path is not None:
+            raise ValueError(f"kv_tier: path is for medium disk only (medium is {self.medium})")
+        return self
+
+
 class SLOConfig(_Strict):
     """Latency targets the controller sizes the pools against."""
 
@@ -680,6 +723,10 @@ class SplitserveConfig(_Strict):
     kv_transfer: KvTransferConfig = Field(
         KvTransferConfig(), description="The network KV caches cross between prefill and "
         "decode pods (fabric kind and bandwidth).",
+    )
+    kv_tier: KvTierConfig = Field(
+        KvTierConfig(), description="A KV tier per engine beyond its own KV cache (host memory "
+        "or disk; none by default).",
     )
     slo: SLOConfig = SLOConfig()
     tenants: tuple[TenantConfig, ...] = ()

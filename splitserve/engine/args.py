@@ -84,6 +84,11 @@ class EngineSpec:
     chat_template: str | None = None
     scheduling_policy: str = "fcfs"  # vLLM's scheduler policy ("priority": requests' priority)
     kv_events: bool = False  # publish vLLM's KV cache events (router.routing.kv_events)
+    kv_cache_blocks: int | None = None  # vLLM's num_gpu_blocks_override; None: what fits
+    # the KV tier beyond the engine's KV (config kv_tier, kv_transfer/tier.py)
+    kv_tier: Literal["none", "cpu", "disk"] = "none"
+    kv_tier_gib: float | None = None
+    kv_tier_path: str | None = None
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
@@ -144,6 +149,10 @@ def engine_spec(
         chat_template=cfg.model.chat_template,
         scheduling_policy=pool.scheduling_policy,
         kv_events=cfg.router.routing.kv_events,
+        kv_cache_blocks=pool.kv_cache_blocks,
+        kv_tier=cfg.kv_tier.medium,
+        kv_tier_gib=cfg.kv_tier.size_gib,
+        kv_tier_path=cfg.kv_tier.path,
     )
 
 
@@ -176,6 +185,8 @@ def engine_kwargs(spec: EngineSpec, model_path: str, revision: str | None = None
         kwargs["block_size"] = spec.block_size
     if spec.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
+    if spec.kv_cache_blocks is not None:
+        kwargs["num_gpu_blocks_override"] = spec.kv_cache_blocks
     if spec.max_loras:
         # vLLM keeps up to max_cpu_loras adapters loaded (its own LRU) and runs max_loras of them
         # in one batch; equal, so the router's residency bound is the engine's.

@@ -38,6 +38,7 @@ from splitserve.engine.stats import LatestStats, RequestTransfer
 from splitserve.engine.step_cost import DropIterationLines
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
+from splitserve.kv_transfer.tier import engine_transfer_config, tier_transfer_config
 from splitserve.models import resolve_model
 from splitserve.router.forward import prefill_payload, samples
 from splitserve.router.routing.kv_feed import EventSource
@@ -175,11 +176,15 @@ class EngineHost:
             from vllm.config import KVEventsConfig
 
             kwargs["kv_events_config"] = KVEventsConfig(**kwargs["kv_events_config"])
-        if self.spec.kv_transfer:
+        nixl = nixl_transfer_config(
+            self.engine_id, self.spec.device, self.spec.kv_lease_s, role=self.spec.role,
+            backend=self.spec.nixl_backend) if self.spec.kv_transfer else None
+        tier = tier_transfer_config(self.spec.kv_tier, self.spec.kv_tier_gib,
+                                    self.spec.kv_tier_path, kv_events=self.spec.kv_events)
+        transfer = engine_transfer_config(nixl, tier)
+        if transfer is not None:
             kwargs["kv_transfer_config"] = KVTransferConfig(
-                **nixl_transfer_config(self.engine_id, self.spec.device, self.spec.kv_lease_s,
-                                       role=self.spec.role, backend=self.spec.nixl_backend)
-            )
+                **{"engine_id": self.engine_id, **transfer})
         args = AsyncEngineArgs(**kwargs)
         loggers: list[Any] = [self._stats.factory]
         logging.getLogger("vllm.v1.metrics.loggers").addFilter(DropIterationLines())

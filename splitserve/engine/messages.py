@@ -6,7 +6,7 @@ process boundaries through Ray's serializer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -209,6 +209,10 @@ class EngineStats:
     # The engine's whole KV cache in tokens (vLLM's num_gpu_blocks x block_size, fixed once it
     # started; 0: unknown). The router sizes its prefix indexes from it (routing.index_size).
     kv_capacity_tokens: int = 0
+    # Prompt tokens whose KV a KV connector supplied instead of the engine computing them, by
+    # vLLM's source: "host" / "disk" loaded from the KV tier (config kv_tier), others (e.g.
+    # "external_unspecified") came over the NIXL handoff. Counted since the engine started.
+    kv_loaded_tokens: dict[str, int] = field(default_factory=dict)
 
 
 class WorkerError(RuntimeError):

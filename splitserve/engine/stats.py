@@ -32,6 +32,20 @@ class RequestTransfer:
     failed: bool = False
 
 
+def connector_parts(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """One step's KV connector stats, one dict per connector: vLLM's MultiConnector (NIXL with
+    the KV tier) reports `{connector class name: its stats}`, a single connector its own dict.
+
+    >>> connector_parts({"NixlConnector": {"transfer_duration": [0.1]}, "OffloadingConnector": {}})
+    [{'transfer_duration': [0.1]}, {}]
+    >>> connector_parts({"transfer_duration": [0.1]})
+    [{'transfer_duration': [0.1]}]
+    """
+    if stats and all(k.endswith("Connector") and isinstance(v, dict) for k, v in stats.items()):
+        return list(stats.values())
+    return [stats]
+
+
 class LatestStats:
     """Holds the most recent `SchedulerStats` and running prefix-cache totals.
 
@@ -48,6 +62,7 @@ class LatestStats:
         self.kv_seconds = 0.0
         self.kv_failures = 0
         self.kv_handoffs_expired = 0  # counted by the host: handoffs recomputed, never pulled
+        self.kv_loaded: dict[str, int] = {}  # prompt tokens a connector supplied, by source
         self.requests: OrderedDict[str, RequestTransfer] = OrderedDict()
         self.steps = StepTimer()  # fed by vLLM's iteration details (engine arg on)
 
@@ -77,12 +92,21 @@ class LatestStats:
                 pcs = scheduler_stats.prefix_cache_stats
                 holder.prefix_queries += getattr(pcs, "queries", 0)
                 holder.prefix_hits += getattr(pcs, "hits", 0)
-                holder.add_connector_stats(scheduler_stats.kv_connector_stats or {})
+                holder.add_loaded(scheduler_stats.connector_prefix_cache_stats)
+                for part in connector_parts(scheduler_stats.kv_connector_stats or {}):
+                    holder.add_connector_stats(part)
 
             def log_engine_initialized(self) -> None:
                 pass
 
         return _Logger(vllm_config, engine_index)
+
+    def add_loaded(self, connector_cache: Any) -> None:
+        """Count one step's prompt tokens that a connector supplied, by vLLM's source (its
+        connector prefix-cache stats; None without a connector)."""
+        for source, tokens in getattr(connector_cache, "hits_by_source", {}).items():
+            key = getattr(source, "value", str(source))
+            self.kv_loaded[key] = self.kv_loaded.get(key, 0) + int(tokens)
 
     def add_connector_stats(self, stats: dict[str, Any]) -> None:
         """Accumulate one step's NIXL connector stats (vLLM resets them every step)."""
@@ -140,4 +164,5 @@ class LatestStats:
             kv_transfer_failures=self.kv_failures,
             kv_handoffs_expired=self.kv_handoffs_expired,
             kv_capacity_tokens=kv_capacity_tokens,
+            kv_loaded_tokens=dict(self.kv_loaded),
         )
