@@ -78,6 +78,8 @@ class KVEventFeed:
     def sync(self, sources: Mapping[str, EventSource]) -> None:
         """The pool's replicas now, id -> where it publishes. Cheap when nothing changed; the
         thread subscribes to new replicas and forgets those that are gone."""
+        if sources and (self._thread is None or not self._thread.is_alive()):
+            self._start()
         if sources == self._wanted:
             return
         self._wanted = dict(sources)
@@ -88,10 +90,18 @@ class KVEventFeed:
                 self.hasher = PromptHasher(first.block_size, first.hash_algo)
             except ValueError as err:
                 log.warning("KV-event routing of %s is off: %s", self.name, err)
-        if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"kv-events-{self.name}")
-            self._thread.start()
+
+    def _start(self) -> None:
+        """(Re)start the subscriber thread: a thread that died (logged) starts over with fresh
+        subscriptions and replays, so the index is rebuilt."""
+        if self._closed:
+            return
+        with self._lock:
+            for rid in self.index.replicas():
+                self.index.forget_replica(rid)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"kv-events-{self.name}")
+        self._thread.start()
 
     def prompt_hashes(self, token_ids: Sequence[int], cache_salt: str | None,
                       lora: tuple[str, str] | None = None) -> tuple[int, ...]:
