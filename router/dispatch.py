@@ -320,7 +320,7 @@ class Dispatcher:
         output = reserved_output(req.sampling.max_tokens, self.calibration.stream_tokens)
         waited = False
         while True:
-            view = slots.view(req)
+            view = await slots.view(req)
             if view is None:
                 return None
             held = slots.reserve(req, view, output)

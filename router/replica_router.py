@@ -20,6 +20,7 @@ Configured per pool deployment (see `splitserve.app.pool_deployment_options`):
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ray.serve.request_router import (
@@ -62,6 +63,7 @@ class PolicyRequestRouter(RequestRouter):
         self._reservations = pool_reservations(
             *((deployment.app_name, deployment.name) if deployment is not None
               else ("", "unnamed")))
+        self.loop: asyncio.AbstractEventLoop | None = None  # Serve's routing loop, once seen
         self._reservations.attach(self)
         self._policy = make_policy(policy, self._cfg, self._feed)
         self._max_replicas = max_replicas
@@ -185,6 +187,7 @@ class PolicyRequestRouter(RequestRouter):
                                           pending_request)
         if not candidate_replicas:
             return []
+        self.loop = asyncio.get_running_loop()  # room_view is called here (reservations.view)
         self._reservations.attach(self)  # the latest router of the pool in this process
         self._sync_feed()
         self._fit_index()

@@ -1,7 +1,7 @@
 """A decode pool's reservations in one router process: decode first, before a remote prefill.
 
     slots = pool_reservations(app, "decode")          # shared by the dispatcher and the router
-    view = slots.view(req)                            # None: the pool's router is not up yet
+    view = await slots.view(req)                      # None: the pool's router is not up yet
     held = slots.reserve(req, view, output_tokens)    # None: no replica has room now
     ... prefill, then send the decode request pinned to held.replica_id ...
     slots.release(held.key)                           # when routed, or the request ends
@@ -15,8 +15,10 @@ router's `on_request_routed`), and by the dispatcher when the request's first de
 arrives or the request ends, fails or is cancelled, whichever comes first (`release` is
 idempotent), so none outlives its request.
 
-Thread safety: Serve runs the request router on its own event loop thread; every method here
-takes one lock and never blocks on I/O. `changed` wakes waiters on any loop.
+Thread safety: Serve runs the request router on its own event loop thread, apart from the
+dispatcher's. `view` asks for the router's view on that loop (between two routing decisions,
+so the policy's state is never read while it changes); the other methods take one lock and never
+block on I/O; `changed` wakes waiters on any loop.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from splitserve.router.routing.decode_room import DecodeRoom, kv_need, pick_decode_replica
+
+# The request router's loop answers `view` between two routing decisions (microseconds); past
+# this it is taken as stuck or gone, and the request is routed as if nothing could be reserved.
+VIEW_TIMEOUT_S = 5.0
 
 from splitserve.engine.messages import GenerateRequest
 
@@ -45,7 +51,10 @@ class RoomView:
 
 
 class RoomSource(Protocol):
-    """What the pool's request router offers the reservations."""
+    """What the pool's request router offers the reservations. `loop`: the event loop it routes
+    on (None: call it from any thread)."""
+
+    loop: asyncio.AbstractEventLoop | None
 
     def room_view(self, req: GenerateRequest) -> RoomView | None:
         """The pool's replicas for `req` now; None when it knows of none yet."""
@@ -78,11 +87,25 @@ class DecodeReservations:
         deployment handle has a request router, and the dispatcher's routes the most)."""
         self._source = source
 
-    def view(self, req: GenerateRequest) -> RoomView | None:
-        """The attached request router's view for `req`; None without one, or without
-        replicas (then nothing is reserved and Serve routes as it would)."""
+    async def view(self, req: GenerateRequest) -> RoomView | None:
+        """The attached request router's view for `req`, taken on its loop; None without one,
+        without replicas, or when its loop does not answer (then nothing is reserved and Serve
+        routes as it would)."""
         source = self._source
-        view = source.room_view(req) if source is not None else None
+        if source is None:
+            return None
+        loop = getattr(source, "loop", None)
+        if loop is None or loop is asyncio.get_running_loop():
+            view = source.room_view(req)
+        else:
+            async def on_its_loop() -> RoomView | None:
+                return source.room_view(req)
+
+            try:
+                asked = asyncio.run_coroutine_threadsafe(on_its_loop(), loop)
+                view = await asyncio.wait_for(asyncio.wrap_future(asked), VIEW_TIMEOUT_S)
+            except (TimeoutError, RuntimeError):  # stuck, or closed
+                return None
         return view if view is not None and view.rooms else None
 
     def reserve(self, req: GenerateRequest, view: RoomView,

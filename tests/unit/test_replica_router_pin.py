@@ -82,7 +82,7 @@ def test_routing_releases_the_reservation():
     router = _router()
     _set(router, _replica("a"), _replica("b"))
     slots = router._reservations
-    held = slots.reserve(_req(), slots.view(_req()), output_tokens=4)
+    held = slots.reserve(_req(), asyncio.run(slots.view(_req())), output_tokens=4)
     assert slots.held() == {held.replica_id: (1, 104)}
     pending = SimpleNamespace(args=(_req(ReplicaPin(held.replica_id, held.key)),))
     router.on_request_routed(pending, ReplicaId(held.replica_id), None)

@@ -83,8 +83,9 @@ def test_ids_outside_the_rooms_are_skipped():
 class _Source:
     """A pool's request router as the reservations see it."""
 
-    def __init__(self, view: RoomView | None) -> None:
+    def __init__(self, view: RoomView | None, loop=None) -> None:
         self.view = view
+        self.loop = loop
 
     def room_view(self, req: GenerateRequest) -> RoomView | None:
         return self.view
@@ -96,10 +97,10 @@ def _req(n: int) -> GenerateRequest:
 
 def test_reservations_count_until_released():
     slots = DecodeReservations("decode")
-    assert slots.view(_req(10)) is None  # no request router attached yet
+    assert asyncio.run(slots.view(_req(10))) is None  # no request router attached yet
     view = RoomView(("a", "b"), (_room("a"), _room("b")), {"a": 200})
     slots.attach(_Source(view))
-    first = slots.reserve(_req(4_000), slots.view(_req(4_000)), output_tokens=100)
+    first = slots.reserve(_req(4_000), asyncio.run(slots.view(_req(4_000))), output_tokens=100)
     assert (first.replica_id, first.tokens, first.cached_tokens) == ("a", 3_900, 200)
     second = slots.reserve(_req(4_000), view, output_tokens=100)
     assert second.replica_id == "a"  # 10 000 - 3 900 leaves room for 3 900 more
@@ -113,13 +114,13 @@ def test_reservations_count_until_released():
 def test_a_view_without_replicas_reserves_nothing():
     slots = DecodeReservations("decode")
     slots.attach(_Source(RoomView((), ())))
-    assert slots.view(_req(10)) is None
+    assert asyncio.run(slots.view(_req(10))) is None
 
 
 def test_a_release_wakes_a_waiter_on_another_thread():
     slots = DecodeReservations("decode")
     slots.attach(_Source(RoomView(("a",), (_room("a"),))))
-    held = slots.reserve(_req(10), slots.view(_req(10)), output_tokens=1)
+    held = slots.reserve(_req(10), asyncio.run(slots.view(_req(10))), output_tokens=1)
 
     async def run():
         waiting = asyncio.create_task(slots.changed(timeout_s=60))
@@ -128,3 +129,28 @@ def test_a_release_wakes_a_waiter_on_another_thread():
         await asyncio.wait_for(waiting, 10)
 
     asyncio.run(run())
+
+
+def test_the_view_is_taken_on_the_request_routers_loop():
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    seen = []
+
+    class _OnLoop(_Source):
+        def room_view(self, req):
+            seen.append(threading.current_thread())
+            return super().room_view(req)
+
+    slots = DecodeReservations("decode")
+    slots.attach(_OnLoop(RoomView(("a",), (_room("a"),)), loop=loop))
+    try:
+        assert asyncio.run(slots.view(_req(10))).ranking == ("a",)
+        assert seen == [thread]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    loop.close()
+    assert asyncio.run(slots.view(_req(10))) is None  # its loop is gone: nothing to ask
