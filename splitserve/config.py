@@ -441,7 +441,8 @@ class KvTierConfig(_Strict):
     size_gib: float | None = Field(
         None, gt=0,
         description="Host memory of the tier per engine in GiB (with disk: the pool in front of "
-        "the disk, in /dev/shm). Required unless medium is none.",
+        "the disk; on a GPU host, and with disk, a file in /dev/shm). Required unless medium "
+        "is none.",
     )
     path: str | None = Field(
         None,
