@@ -5,9 +5,9 @@ multi-turn conversations under four routing configurations.
         [--tenants 4] [--requests 48] [--rate 1] [--prefix-len 600-1200] [--suffix-len 32-96]
         [--output-len 8] [--overhead-requests 200] [--concurrency 1,4,16,64]
         [--level-seconds 6] [--rounds 1] [--seed 0] [--out bench-results/routing]
-        [--users 500] [--turns 6-10] [--system-len 300-600] [--message-len 100-250]
-        [--reply-len 32-64] [--user-rate 40] [--think-s 20] [--configs a,b,...]
-        [--set KEY=VALUE ...] [--quick]
+        [--users 200] [--turns 4-8] [--system-len 300-600] [--message-len 100-250]
+        [--reply-len 32-64] [--user-rate 20] [--think-s 10] [--kv-cache-blocks 256]
+        [--tier-gib 1] [--configs a,b,...] [--set KEY=VALUE ...] [--quick]
 
 Part `prefix` (two deployments, one after the other, Ray in this process through
 `tests.conftest.running_deployment`): mode disaggregated with 2 prefill replicas and 1 decode
@@ -34,24 +34,26 @@ the engine alone through its handle at the top concurrency as a bound.
 Part `multi_turn` (issue 28; not run by default): mode colocated, 2 decode replicas on a core
 each (colocated, so that a conversation's whole history, prompt and generated tokens, is cached
 on the replica that served its last turn: the replica choice decides the hits; disaggregated,
-the prefill pool would cache prompts only). Configurations (`--configs`,
-`splitserve.bench.multi_turn_compare`): round_robin, prefix_aware (the router's approximate
-index), kv_events (the engines' KV events), kv_events+tier (plus `kv_tier.medium: cpu`), set on
-`router.routing.decode`; one that does not validate in this build is reported as skipped with
-the config's message. `--tenants` tenants with API keys (their own cache salts) and system
-prompts; `--users` conversations (`splitserve.bench.multi_turn`): each turn resends the whole
-history (system prompt, earlier messages, the server's replies as token ids) plus a new message;
-users arrive at `--user-rate` (Poisson) and think `--think-s` on average between a reply and
-their next turn (closed loop per user). The same seeded conversations go to every configuration,
-in `--rounds` interleaved rounds (the order reversed every other round), each a fresh
-deployment. Reported per configuration: TTFT mean/p90 over all turns of all rounds and over
-follow-up turns, the decode engines' prefix-cache hit rate, each round's mean; the ratio of mean
-TTFT to round_robin's (issue 28's goal: kv_events+tier <= 1/3); the working set (sum of the live
-conversations' histories; distinct: a tenant's system prompt once), nominal and as replayed,
-against one engine's KV capacity as the engine reports it. `--set KEY=VALUE` overrides the
-config of every configuration (e.g. `kv_tier.size_gib=4`). `--quick`: 16 users, 2 tenants, 3
-turns, 1 round: a check that the runner works (a few minutes, mostly start-up), not a
-measurement; its working set stays far below the KV.
+the prefill pool would cache prompts only), each with a KV cache of `--kv-cache-blocks` blocks
+(vLLM's num_gpu_blocks_override; 128 tokens a block on the CPU), below the working set.
+Configurations (`--configs`, `splitserve.bench.multi_turn_compare`): round_robin, prefix_aware
+(the router's approximate index), kv_events (the engines' KV events), kv_events+tier (plus
+`kv_tier.medium: cpu` of `--tier-gib` per engine), set on `router.routing.decode`; one that does
+not validate in this build is reported as skipped with the config's message. `--tenants`
+tenants with API keys (their own cache salts) and system prompts; `--users` conversations
+(`splitserve.bench.multi_turn`): each turn resends the whole history (system prompt, earlier
+messages, the server's replies as token ids) plus a new message; users arrive at `--user-rate`
+(Poisson) and think `--think-s` on average between a reply and their next turn (closed loop per
+user). The same seeded conversations go to every configuration, in `--rounds` interleaved rounds
+(the order reversed every other round), each a fresh deployment. Reported per configuration:
+TTFT mean/p90 over all turns of all rounds and over follow-up turns, the decode engines'
+prefix-cache hit rate and the share of prompt tokens loaded from the tier, each round's mean;
+the ratio of mean TTFT to round_robin's (issue 28's goal: kv_events+tier <= 1/3); the working
+set (sum of the live conversations' histories; distinct: a tenant's system prompt once),
+nominal and as replayed, against one engine's KV capacity as the engine reports it.
+`--set KEY=VALUE` overrides the config of every configuration. `--quick`: 24 users, 2 tenants,
+3 turns, 17-block engines, 1 round: a check that the runner works (a few minutes, mostly
+start-up), not a measurement.
 
 Writes, under --out: results.json (rewritten after each deployment),
 prefix/<policy>/requests.jsonl and multi_turn/round-<r>/<configuration>.jsonl (one line per
@@ -373,8 +375,9 @@ def bench_tenancy(args: argparse.Namespace, results: dict[str, Any], save) -> No
 
 
 MULTI_TURN_QUICK = {  # a check that the runner works, in a few minutes: not a measurement
-    "users": 16, "tenants": 2, "turns": "3", "system_len": "200-300", "message_len": "40-80",
+    "users": 24, "tenants": 2, "turns": "3", "system_len": "200-300", "message_len": "60-120",
     "reply_len": "8-16", "user_rate": 4.0, "think_s": 0.5, "rounds": 1,
+    "kv_cache_blocks": 17, "tier_gib": 0.25,  # 17: the fewest that hold a 2048-token context
 }
 
 
@@ -382,8 +385,13 @@ def add_multi_turn_args(p: argparse.ArgumentParser) -> None:
     """Part multi_turn's options: the workload's (`splitserve bench --workload multi_turn`'s),
     with defaults whose working set passes one 1 GiB CPU engine's KV, and the runner's."""
     add_multi_turn_arguments(p, tenants=False)
-    p.set_defaults(users=500, turns="6-10", system_len="300-600", message_len="100-250",
-                   reply_len="32-64", user_rate=40.0, think_s=20.0)
+    p.set_defaults(users=200, turns="4-8", system_len="300-600", message_len="100-250",
+                   reply_len="32-64", user_rate=20.0, think_s=10.0)
+    p.add_argument("--kv-cache-blocks", type=int, default=256,
+                   help="multi_turn: KV blocks (128 tokens on the CPU) per decode engine, below "
+                        "the working set (default %(default)s); 0: what kv_cache_gib holds")
+    p.add_argument("--tier-gib", type=float, default=1.0,
+                   help="multi_turn: kv_events+tier's host memory per engine (GiB)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="multi_turn: a config override for every configuration (YAML value), "
                         "e.g. kv_tier.size_gib=4; repeatable")
@@ -393,10 +401,10 @@ def add_multi_turn_args(p: argparse.ArgumentParser) -> None:
                    help=f"multi_turn: a small workload, one round ({MULTI_TURN_QUICK})")
 
 
-def multi_turn_base(keys: dict[str, str], sets: Sequence[str]) -> Any:
-    """The deployment all configurations share: colocated, 2 decode replicas (one core each),
-    the tenants, then the `--set` overrides; the configurations change the decode pool's
-    routing and the KV tier."""
+def multi_turn_base(keys: dict[str, str], kv_blocks: int, sets: Sequence[str]) -> Any:
+    """The deployment all configurations share: colocated, 2 decode replicas (one core each)
+    with `kv_blocks` KV blocks each (0: what their memory holds), the tenants, then the `--set`
+    overrides; the configurations change the decode pool's routing and the KV tier."""
     import yaml
 
     extra = {}
@@ -408,6 +416,7 @@ def multi_turn_base(keys: dict[str, str], sets: Sequence[str]) -> Any:
     return test_config(**{
         "mode": "colocated",
         "pools.decode.replicas": 2,
+        "pools.decode.kv_cache_blocks": kv_blocks or None,
         "tenants": tenants_config(keys),
         **extra,
     })
@@ -446,9 +455,9 @@ def run_multi_turn(
 def bench_multi_turn(args: argparse.Namespace, out: Path, results: dict[str, Any], save) -> None:
     """Part 3: each configuration that validates, once per round, interleaved; into `results`."""
     keys = tenant_keys(args.tenants)
-    base = multi_turn_base(keys, args.set)
+    base = multi_turn_base(keys, args.kv_cache_blocks, args.set)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    configs, skipped = check_configurations(base, names, "decode", ENGINE_BLOCK)
+    configs, skipped = check_configurations(base, names, "decode", ENGINE_BLOCK, args.tier_gib)
     convs = build_conversations(
         spec_from_args(args, args.tenants, base.model.max_model_len, TOKENS))
     nominal = working_set(convs)
@@ -492,7 +501,8 @@ def print_capacity(name: str, run: dict[str, Any], nominal: WorkingSet) -> None:
     hit = run["cache"]["hit_rate"]
     print(f"[multi_turn/{name}] TTFT mean {run['ttft_ms']['mean'] or 0:.1f} ms, "
           f"p90 {run['ttft_ms']['p90'] or 0:.1f} ms, failed {run['failed']}, hit rate "
-          f"{'-' if hit is None else f'{hit:.1%}'}; working set: peak "
+          f"{'-' if hit is None else f'{hit:.1%}'}, tokens loaded by KV connectors "
+          f"{run['cache']['loaded_tokens'] or 0}; working set: peak "
           f"{ws['peak_live_tokens']} tokens live, {ws['peak_live_unique_tokens']} distinct "
           f"(replayed; nominal {nominal.peak_live_tokens} / {nominal.peak_live_unique_tokens})"
           f" against one engine's KV of {cap} tokens: "

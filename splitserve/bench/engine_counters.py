@@ -61,24 +61,42 @@ def pool_stats(pool: str, replicas: int) -> dict[str, Any]:
     raise RuntimeError(f"only {len(out)} of {replicas} {pool} replicas answered stats")
 
 
+def _loaded(stats: Any) -> dict[str, int]:
+    return dict(getattr(stats, "kv_loaded_tokens", None) or {})
+
+
+def loaded_delta(before: Any, after: Any) -> dict[str, int]:
+    """Prompt tokens a KV connector supplied between two `EngineStats`, by source ("host",
+    "disk": the KV tier; others: the NIXL handoff)."""
+    b, a = _loaded(before), _loaded(after)
+    return {src: n - b.get(src, 0) for src, n in a.items() if n - b.get(src, 0)}
+
+
 def cache_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Prefix-cache queries and hits (tokens) per replica between two `pool_stats`."""
+    """Prefix-cache queries and hits (tokens) per replica between two `pool_stats`, and the
+    prompt tokens KV connectors supplied (by source)."""
     per = {
         rid: {
             "queried_tokens": after[rid]["engine"].prefix_cache_queries
             - before[rid]["engine"].prefix_cache_queries,
             "hit_tokens": after[rid]["engine"].prefix_cache_hits
             - before[rid]["engine"].prefix_cache_hits,
+            "loaded_tokens": loaded_delta(before[rid]["engine"], after[rid]["engine"]),
             "routing_stats_after": after[rid]["routing"],
         }
         for rid in after
     }
     queried = sum(r["queried_tokens"] for r in per.values())
     hits = sum(r["hit_tokens"] for r in per.values())
+    loaded: dict[str, int] = {}
+    for r in per.values():
+        for src, n in r["loaded_tokens"].items():
+            loaded[src] = loaded.get(src, 0) + n
     return {
         "hit_rate": hits / queried if queried else None,
         "queried_tokens": queried,
         "hit_tokens": hits,
+        "loaded_tokens": loaded,
         "per_replica": per,
     }
 
