@@ -87,3 +87,17 @@ def test_routing_releases_the_reservation():
     pending = SimpleNamespace(args=(_req(ReplicaPin(held.replica_id, held.key)),))
     router.on_request_routed(pending, ReplicaId(held.replica_id), None)
     assert slots.held() == {}
+
+
+def test_room_view_counts_the_prefix_each_replica_holds():
+    from splitserve.router.routing.vllm_hash import PromptHasher
+
+    router = _router("kv_events")
+    _set(router, _replica("a"), _replica("b"))
+    feed = router._feed
+    feed.hasher = PromptHasher(16)
+    req = _req()  # 100 tokens: 6 full blocks
+    feed.index.store("b", feed.prompt_hashes(req.prompt_token_ids, None)[:4])
+    view = router.room_view(req)
+    assert view.cached_tokens == {"a": 0, "b": 64}
+    assert view.ranking[0] == "b"  # the policy prefers the replica holding the prefix
