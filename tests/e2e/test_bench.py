@@ -1,11 +1,13 @@
 """`splitserve bench` against a real colocated deployment (Ray Serve router + one vLLM engine).
 
-One deployment for the module; a single run and a two-rate sweep, each a few seconds.
+One deployment for the module; a single run, a two-rate sweep and a multi-turn replay, each a
+few seconds.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from splitserve.bench.report import read_requests
 from splitserve.bench.stats import SLO, meets_slo
 from splitserve.cli import main
-from tests.conftest import shared_deployment, test_config
+from tests.conftest import pool_stats, shared_deployment, test_config
 
 pytestmark = pytest.mark.engine
 
@@ -99,3 +101,37 @@ def test_sweep(base_url, tmp_path):
         assert summary["tokens"]["output"] == N * OUTPUT
         assert (tmp_path / rate / "latency_cdf.png").read_bytes().startswith(PNG)
     assert (tmp_path / "sweep.png").read_bytes().startswith(PNG)
+
+
+def test_multi_turn_replay_resends_the_history_that_the_engine_has_cached(base_url, tmp_path):
+    """Each follow-up turn's prompt is the previous prompt + the reply's token ids + a new
+    message, so the engine finds the previous turn's full KV blocks (prompt and generated
+    tokens) in its prefix cache: one engine, so every such block is a hit."""
+    block = 128  # the CPU engine's KV block
+    before = pool_stats("decode")
+    code = main(["bench", "--workload", "multi_turn", "--base-url", base_url,
+                 "--model", "splitserve-tiny", "--users", "3", "--tenants", "2", "--turns", "3",
+                 "--system-len", "300", "--message-len", "40-60", "--reply-len", "20",
+                 "--user-rate", "inf", "--think-s", "0", "--seed", "5", "--out", str(tmp_path)])
+    assert code == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    turns = [json.loads(line) for line in (tmp_path / "turns.jsonl").read_text().splitlines()]
+    assert s["turns"] == len(turns) == 9 and s["failed"] == 0
+    assert all(t["ok"] and t["output_tokens"] == 20 for t in turns)
+    prev: dict[int, dict] = {}
+    must_hit = 0
+    for t in turns:  # ordered by (user, turn)
+        if t["turn"]:
+            p = prev[t["user"]]
+            assert t["history_tokens"] == p["prompt_tokens"] + 20
+            assert 40 <= t["prompt_tokens"] - t["history_tokens"] <= 60
+            must_hit += t["history_tokens"] // block * block
+        prev[t["user"]] = t
+    assert must_hit > 0
+    for _ in range(20):  # the engine's counters follow its steps
+        hits = pool_stats("decode").prefix_cache_hits - before.prefix_cache_hits
+        if hits >= must_hit:
+            break
+        time.sleep(0.5)
+    assert hits >= must_hit
+    assert s["ttft_follow_up_ms"]["mean"] is not None
