@@ -61,14 +61,20 @@ def engine_transfer_config(
     first because the MultiConnector loads a request's KV from the first connector that has
     tokens for it: a handed-off request's KV comes over NIXL, any other request's from the tier;
     every connector saves. The MultiConnector takes NIXL's role and engine id, so the
-    engine's producer/consumer behaviour is the handoff's, as without a tier."""
+    engine's producer/consumer behaviour is the handoff's, as without a tier.
+
+    The children carry no `engine_id`: the MultiConnector gives each the top-level one, and
+    vLLM 0.32 passes it as a keyword next to the child's own keys
+    (`KVTransferConfig(**ktc, engine_id=...)` in `_get_connector_classes_and_configs`), so a
+    child that names one fails with "got multiple values for keyword argument 'engine_id'"."""
     if nixl is None or tier is None:
         return nixl or tier
+    children = [{k: v for k, v in c.items() if k != "engine_id"} for c in (nixl, tier)]
     return {
         "kv_connector": "MultiConnector",
         "kv_role": nixl["kv_role"],
         "engine_id": nixl["engine_id"],
         "kv_buffer_device": nixl["kv_buffer_device"],
         "kv_load_failure_policy": nixl.get("kv_load_failure_policy", "fail"),
-        "kv_connector_extra_config": {"connectors": [nixl, tier]},
+        "kv_connector_extra_config": {"connectors": children},
     }

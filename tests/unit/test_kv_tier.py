@@ -67,23 +67,27 @@ def test_alone_each_connector_is_the_engines_config() -> None:
 
 def test_with_nixl_a_multiconnector_loads_from_nixl_first() -> None:
     """NIXL first, the tier second; the handoff's role, engine id and failure policy on top,
-    and a config vLLM's own KVTransferConfig and MultiConnector accept."""
+    and a config vLLM's own MultiConnector splits into its children (each with the engine id)."""
+    from types import SimpleNamespace
+
     from vllm.config import KVTransferConfig
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
     nixl = nixl_transfer_config("prefill-1", "cpu", role="prefill")
     tier = tier_transfer_config("cpu", 1.0)
     got = engine_transfer_config(nixl, tier)
     assert got["kv_connector"] == "MultiConnector"
-    assert got["kv_connector_extra_config"]["connectors"] == [nixl, tier]
+    no_id = {k: v for k, v in nixl.items() if k != "engine_id"}
+    assert got["kv_connector_extra_config"]["connectors"] == [no_id, tier]
     assert (got["kv_role"], got["engine_id"], got["kv_load_failure_policy"]) == (
         "kv_producer", "prefill-1", "recompute")
     ktc = KVTransferConfig(**got)
     assert ktc.is_kv_producer and not ktc.is_kv_consumer
-    assert KVConnectorFactory.get_connector_class(ktc).__name__ == "MultiConnector"
-    children = [KVConnectorFactory.get_connector_class(KVTransferConfig(**c)).__name__
-                for c in got["kv_connector_extra_config"]["connectors"]]
-    assert children[0].startswith("Nixl") and children[1] == "OffloadingConnector"
+    children = MultiConnector._get_connector_classes_and_configs(
+        SimpleNamespace(kv_transfer_config=ktc))
+    assert [cls.__name__[:4] for cls, _ in children] == ["Nixl", "Offl"]
+    assert [c.kv_transfer_config.engine_id for _, c in children] == ["prefill-1"] * 2
+    assert children[0][1].kv_transfer_config.kv_role == "kv_producer"
 
 
 def test_tier_hits_are_counted_by_source() -> None:
