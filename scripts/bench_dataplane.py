@@ -11,7 +11,10 @@ Servers, started, measured and stopped one after another on this machine (two co
                    engines' structured-outputs config, one compute core
                    (VLLM_CPU_OMP_THREADS_BIND=0), 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE=1)
     colocated      splitserve, mode colocated, one engine (pools.decode.replicas 1,
-                   max_num_seqs 128) on one core
+                   max_num_seqs 128) on one core, clients through direct ingress (HAProxy to
+                   the router replica, `router.direct_ingress`, the default)
+    colocated-proxy  the same through Serve's Python HTTP proxy (`router.direct_ingress: false`);
+                   not in the default run: --servers plain,colocated-proxy,colocated
     disaggregated  splitserve, 1 prefill + 1 decode engine on two cores, every prompt prefilled
                    remotely (scripts/bench_disagg.py's `disagg` config; --disagg-config names
                    another of its disaggregated configs), max_num_seqs 128 on both pools
@@ -71,13 +74,17 @@ from splitserve.engine.args import STRUCTURED_OUTPUTS  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
 MODEL_NAME = "splitserve-tiny"
-SERVERS = ("plain", "colocated", "disaggregated")
+SERVERS = ("plain", "colocated", "disaggregated")  # the default run
+# Also available: splitserve colocated behind Serve's Python HTTP proxy instead of direct
+# ingress (`router.direct_ingress: false`), to measure the two side by side in one run.
+EXTRA_SERVERS = ("colocated-proxy",)
 LABELS = {
     "plain": "plain vLLM OpenAI server, engine on 1 core",
     "colocated": "splitserve colocated, 1 engine on 1 core",
+    "colocated-proxy": "splitserve colocated via Serve's proxy, 1 engine on 1 core",
     "disaggregated": "splitserve disaggregated, 1P + 1D on 2 cores",
 }
-ENGINES = {"plain": 1, "colocated": 1, "disaggregated": 2}
+ENGINES = {"plain": 1, "colocated": 1, "colocated-proxy": 1, "disaggregated": 2}
 # The plain server's engine settings: those of a splitserve engine (splitserve/engine/args.py).
 PLAIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 MAX_NUM_SEQS = 128
@@ -121,9 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 for k, v in (bench_disagg.parse_pair(i, p, "--set") for i in args.set)}
     args.env = dict(bench_disagg.parse_pair(i, p, "--env") for i in args.env)
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    unknown = set(args.servers) - set(SERVERS)
+    unknown = set(args.servers) - set(SERVERS) - set(EXTRA_SERVERS)
     if unknown:
-        p.error(f"unknown servers {sorted(unknown)}; choose from {list(SERVERS)}")
+        p.error(f"unknown servers {sorted(unknown)}; choose from "
+                f"{list(SERVERS) + list(EXTRA_SERVERS)}")
     if bench_disagg.CONFIGS.get(args.disagg_config, {}).get("mode") != "disaggregated":
         choices = [n for n, c in bench_disagg.CONFIGS.items() if c.get("mode") == "disaggregated"]
         p.error(f"--disagg-config {args.disagg_config!r}: not one of bench_disagg's "
@@ -140,10 +148,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def splitserve_overrides(server: str, disagg_config: str = "disagg",
                          extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The dotted config overrides of splitserve server `server` (colocated / disaggregated)."""
-    if server == "colocated":
+    """The dotted config overrides of splitserve server `server` (colocated, colocated-proxy,
+    disaggregated)."""
+    if server in ("colocated", "colocated-proxy"):
         base = {"mode": "colocated", "pools.decode.replicas": 1,
-                "pools.decode.max_num_seqs": MAX_NUM_SEQS}
+                "pools.decode.max_num_seqs": MAX_NUM_SEQS,
+                "router.direct_ingress": server == "colocated"}
     elif server == "disaggregated":
         base = {**bench_disagg.CONFIGS[disagg_config], "pools.prefill.replicas": 1,
                 "pools.decode.replicas": 1, "pools.prefill.max_num_seqs": MAX_NUM_SEQS,
@@ -326,7 +336,7 @@ def _replica_deployment(title: str) -> str | None:
 def process_role(pid: str, procs: Snapshot, me: str, server_pid: str | None = None) -> str:
     """What process `pid` is to the benchmark: the client (this process, `me`), the plain vLLM
     server's process (`server_pid`), a splitserve replica ("router replica", "engine replica
-    (decode)"), the Serve proxy, vLLM's processes named by their title and, for an engine
+    (decode)"), the Serve proxy, HAProxy (direct ingress), vLLM's processes named by their title and, for an engine
     replica's, by its pool ("EngineCore (decode)"), another Ray actor ("Ray ServeController"),
     or "other" (Ray's GCS, raylet, monitors)."""
     title = procs[pid][0]
@@ -339,6 +349,8 @@ def process_role(pid: str, procs: Snapshot, me: str, server_pid: str | None = No
         return "router replica" if deployment == "router" else f"engine replica ({deployment})"
     if title.startswith("ray::ProxyActor"):
         return "Serve proxy"
+    if os.path.basename((title.split() or [""])[0]) == "haproxy":
+        return "HAProxy"
     if title.startswith("VLLM::"):
         name = (title[len("VLLM::"):].split() or ["?"])[0]
         parent, seen = procs[pid][1], set()

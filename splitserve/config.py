@@ -308,6 +308,14 @@ class RouterConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     replicas: int = Field(1, ge=1)
+    direct_ingress: bool = Field(
+        True,
+        description="Ray Serve's direct ingress (splitserve/ingress.py): HAProxy, started by "
+        "Serve, listens on host:port and forwards to the router replicas, which serve HTTP "
+        "themselves; streamed chunks skip Serve's Python proxy. false: Serve's proxy. Applies "
+        "to a Ray cluster splitserve starts; a running cluster (ray.address) takes it from its "
+        "own environment (RAY_SERVE_ENABLE_HA_PROXY=1).",
+    )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")
     request_timeout_s: float = Field(
         600.0,

@@ -37,6 +37,7 @@ from rich.console import Console
 from splitserve import processes
 from splitserve.app import APP_NAME, build_app, resolve_device, serve_run_options
 from splitserve.config import SplitserveConfig
+from splitserve.ingress import apply_ray_env, start_serve
 from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
 
@@ -79,6 +80,7 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
     if address:
         ray.init(address=address, namespace="splitserve", log_to_driver=verbose)
         return False
+    apply_ray_env(cfg.router.direct_ingress)  # the cluster's processes inherit it
     ray.init(
         num_cpus=cfg.ray.num_cpus or os.cpu_count(),
         object_store_memory=cfg.ray.object_store_mb * 2**20,
@@ -114,7 +116,7 @@ def deploy(cfg: SplitserveConfig, session: Session, console: Console) -> None:
     """Deploy and block until every deployment is running; raise LaunchError on failure."""
     from ray import serve
 
-    serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
+    start_serve(cfg.router.host, cfg.router.port)
     kv_host = "127.0.0.1" if session.started_local_ray else None
     app = build_app(cfg, session.device, kv_host=kv_host)  # type: ignore[arg-type]
     failure: list[BaseException] = []

