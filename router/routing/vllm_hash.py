@@ -7,7 +7,9 @@ algorithms (vLLM's default, `prefix_caching_hash_algo`) `NONE_HASH` comes from a
 (`resolve_none_hash_seed`; PYTHONHASHSEED overrides it in the engines and here alike), so any
 process computes the engines' hashes from the token ids. The extra keys scope the hashes: the
 request's `cache_salt` enters the first block (one tenant's blocks never match another's) and a
-LoRA adapter (name, path) every block. The xxhash algorithms draw a random seed per process:
+LoRA adapter (name, path) every block. Multimodal inputs and prompt embeddings enter the
+engine's extra keys too; the router does not reproduce those, so such prompts match no block
+and are routed by load alone. The xxhash algorithms draw a random seed per process:
 no router can reproduce them, so `PromptHasher` refuses them.
 
 KV events publish a hash as its last 8 bytes, big-endian, as an int
