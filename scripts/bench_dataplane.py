@@ -12,7 +12,7 @@ Servers, started, measured and stopped one after another on this machine (two co
                    (VLLM_CPU_OMP_THREADS_BIND=0), 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE=1)
     colocated      splitserve, mode colocated, one engine (pools.decode.replicas 1,
                    max_num_seqs 128) on one core, clients through direct ingress (HAProxy to
-                   the router replica, `router.direct_ingress`, the default)
+                   the router replica, `router.direct_ingress: true`, set here)
     colocated-proxy  the same through Serve's Python HTTP proxy (`router.direct_ingress: false`);
                    not in the default run: --servers plain,colocated-proxy,colocated
     disaggregated  splitserve, 1 prefill + 1 decode engine on two cores, every prompt prefilled

@@ -309,11 +309,13 @@ class RouterConfig(_Strict):
     port: int = Field(8000, ge=1, le=65535)
     replicas: int = Field(1, ge=1)
     direct_ingress: bool = Field(
-        True,
+        False,
         description="Ray Serve's direct ingress (splitserve/ingress.py): HAProxy, started by "
         "Serve, listens on host:port and forwards to the router replicas, which serve HTTP "
-        "themselves; streamed chunks skip Serve's Python proxy. false: Serve's proxy. Applies "
-        "to a Ray cluster splitserve starts; a running cluster (ray.address) takes it from its "
+        "themselves; streamed chunks skip Serve's Python proxy. Off by default for now: Ray "
+        "2.60's HAProxy template binds its statistics and Prometheus ports on every interface, "
+        "and no quiet-machine run has yet shown the gain (BENCHMARKS.md, issue 26). Applies to "
+        "a Ray cluster splitserve starts; a running cluster (ray.address) takes it from its "
         "own environment (RAY_SERVE_ENABLE_HA_PROXY=1).",
     )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")

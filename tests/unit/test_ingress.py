@@ -38,9 +38,11 @@ def _ray_reads(env: dict[str, str | None]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_direct_ingress_is_the_default() -> None:
-    assert parse_config({}).router.direct_ingress is True
-    assert parse_config({"router": {"direct_ingress": False}}).router.direct_ingress is False
+def test_direct_ingress_is_opt_in() -> None:
+    # off by default: Ray's HAProxy template binds its stats and metrics ports on every
+    # interface, and its gain is not measured on a quiet machine yet (issue 26)
+    assert parse_config({}).router.direct_ingress is False
+    assert parse_config({"router": {"direct_ingress": True}}).router.direct_ingress is True
 
 
 def test_serve_proxy_clears_every_variable() -> None:
