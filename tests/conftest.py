@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,12 +26,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(base_url: str, timeout_s: float = 300) -> None:
+def wait_healthy(base_url: str, timeout_s: float = 300, proc: Any = None) -> None:
     """Poll /health until every pool answers (status `ok`: every engine loaded; 200 alone may
-    be `degraded`, with a prefill pool still short) or fail the test."""
+    be `degraded`, with a prefill pool still short) or fail the test. `proc`: the server's
+    process, when the test started one: its exit fails the test at once, not at the timeout."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the server exited with status {proc.returncode} before it was healthy")
         try:
             r = httpx.get(f"{base_url}/health", timeout=5)
             if r.status_code == 200 and r.json().get("status") == "ok":

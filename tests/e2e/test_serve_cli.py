@@ -52,7 +52,7 @@ def test_serve_answers_then_stops_cleanly(tmp_path):
         env={**os.environ, "RAY_ADDRESS": ""},
     )
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=600)
+        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=600, proc=proc)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         r = client.chat.completions.create(
             model="splitserve-tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8

@@ -127,7 +127,7 @@ def _start(tmp_path, grace_s: float):
 
 
 def _wait_ready(proc: subprocess.Popen, base: str, log_path) -> None:
-    wait_healthy(base, timeout_s=600)
+    wait_healthy(base, timeout_s=600, proc=proc)
     deadline = time.monotonic() + 300
     while "splitserve ready" not in log_path.read_text(errors="replace"):
         assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
