@@ -59,13 +59,16 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     build_tiny_model()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     apply_ray_env(cfg.router.direct_ingress)
-    ray.init(
-        num_cpus=2 if device == "cpu" else None,
-        object_store_memory=OBJECT_STORE_BYTES,
-        include_dashboard=False,
-        log_to_driver=False,
-        namespace="splitserve-tests",
-    )
+    options = {"num_cpus": 2 if device == "cpu" else None,
+               "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False,
+               "log_to_driver": False, "namespace": "splitserve-tests"}
+    try:
+        ray.init(**options)
+    except Exception as err:  # Ray waits a fixed 30 s for its raylet: a busy machine misses it
+        if "timed out during startup" not in str(err):
+            raise
+        ray.shutdown()
+        ray.init(**options)
     try:
         start_serve(cfg.router.host, cfg.router.port)
         serve.run(build_app(cfg, device, kv_host="127.0.0.1"), **serve_run_options(cfg))
