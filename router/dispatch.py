@@ -32,6 +32,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span
 from splitserve.kv_transfer.handoff import KVHandoff, fetch_deadline, prefill_request_params
+from splitserve.router.backlog import Backlog
 from splitserve.router.calibration import Calibration
 from splitserve.router.coalescing import stream_interval
 from splitserve.router.errors import APIError, bad_request, server_error, unavailable
@@ -151,12 +152,14 @@ class Dispatcher:
         self.signals = signals or SignalRecorder(pools)
         self.decode_migrations = decode_migrations
         self.replicas = dict(replicas or {})  # ready replicas per pool (the controller updates it)
-        # This replica's work in flight, for the rule: prompts waiting for or in a remote
-        # prefill (until their handoff or fallback); prompts a pool prefills itself (until their
-        # first token); whole requests offloaded to the prefill pool (until they end).
-        self._remote = {"requests": 0, "tokens": 0}
-        self._local_tokens = {"decode": 0, "prefill": 0}
-        self._offloaded = 0
+        # This replica's work in flight, for the rule: the prompt tokens each pool has still to
+        # prefill for it (a remote prefill until its handoff or fallback, a prompt a pool
+        # prefills itself until its first token), and the requests each pool runs for it (from
+        # the hop to that pool to their end; not while a remote prefill holds a decode slot).
+        self._remote_requests = 0
+        self._backlog = {"prefill": Backlog(), "decode": Backlog()}
+        self._streams = {"prefill": 0, "decode": 0}
+        self.clock = time.monotonic
         self.targets = Targets(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s)
         self.calibration = Calibration()
         # What each pool's engines hold, from their KV events: a prompt's expected cached
@@ -167,16 +170,33 @@ class Dispatcher:
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
-        decode = self.tenancy.gates["decode"]
+        now = self.clock()
         return PoolLoad(
-            prefill_requests=self._remote["requests"],
-            prefill_tokens=self._remote["tokens"] + self._local_tokens["prefill"],
+            prefill_requests=self._remote_requests,
+            prefill_tokens=self._backlog["prefill"].tokens(now, self._rate("prefill")),
             prefill_replicas=self.replicas.get("prefill", 1),
-            local_prefill_tokens=self._local_tokens["decode"],
-            decode_streams=decode.in_flight + decode.queued,
+            local_prefill_tokens=self._backlog["decode"].tokens(now, self._rate("decode")),
+            decode_streams=self._streams["decode"],
             decode_replicas=self.replicas.get("decode", 1),
-            prefill_streams=self._offloaded,
+            prefill_streams=self._streams["prefill"],
         )
+
+    def _rate(self, pool: str) -> float:
+        """`pool`'s prefill tokens/s over its replicas beside this router's streams there, as
+        its engines measured it (0 before they did: the backlog then does not drain)."""
+        cost = self.calibration.engine_cost(pool, "decode" if pool == "prefill" else "prefill")
+        if cost is None:
+            return 0.0
+        replicas = max(self.replicas.get(pool, 1), 1)
+        return cost.prefill_rate(round(self._streams[pool] / replicas)) * replicas
+
+    def _sent(self, pool: str, key: object, tokens: int) -> None:
+        """A prompt of `tokens` went to `pool` to be prefilled there."""
+        self._backlog[pool].add(key, tokens, self.clock(), self._rate(pool))
+
+    def _answered(self, pool: str, key: object) -> None:
+        """`pool` answered (or dropped) the prompt `key`."""
+        self._backlog[pool].remove(key, self.clock(), self._rate(pool))
 
     def _blocks(self, req: GenerateRequest) -> PromptBlocks | None:
         """The prompt's block hashes as the engines compute them, once per request (the pools'
@@ -264,8 +284,6 @@ class Dispatcher:
             log.debug("request %s: %s, predicted TTFT %.1f ms, TPOT %.1f ms", req.request_id,
                       path.value, 1e3 * predicted.ttft_s, 1e3 * predicted.tpot_s)
         parent = self.tracing.context_of(span)
-        offloaded = path.pool == "prefill"
-        self._offloaded += offloaded
         start = time.perf_counter()
         try:
             # The generating pool's slot first: a request that decode cannot take is not
@@ -301,7 +319,6 @@ class Dispatcher:
             record_failure(span, err)
             raise
         finally:
-            self._offloaded -= offloaded
             if self.reservations is not None:
                 self.reservations.notify()  # a request waiting for decode room looks again
             span.end()
@@ -348,14 +365,14 @@ class Dispatcher:
     ) -> tuple[GenerateRequest, float | None]:
         """The prefill hop: `req` with its handoff and the time the handoff came back, or `req`
         unchanged and None when the decode worker prefills instead (fallback)."""
-        n_prompt = len(req.prompt_token_ids)
-        self._remote["requests"] += 1
-        self._remote["tokens"] += n_prompt
+        key = object()
+        self._remote_requests += 1
+        self._sent("prefill", key, len(req.prompt_token_ids))
         try:
             handoff = await self._admitted_prefill(req, tenant, parent)
         finally:
-            self._remote["requests"] -= 1
-            self._remote["tokens"] -= n_prompt
+            self._remote_requests -= 1
+            self._answered("prefill", key)
         span.set_attribute(FALLBACK, handoff is None)
         if handoff is None:
             return req, None
@@ -386,14 +403,12 @@ class Dispatcher:
         """`req`'s chunks, generated on `pool` under its admission `ticket`, from its prompt or
         from its KV handoff. Closing the iterator cancels the worker request."""
         n_prompt = len(req.prompt_token_ids)
-        # Prompt tokens the pool prefills itself count as its load until the first token.
-        local = [0 if req.kv_transfer_params is not None else n_prompt]
-        self._local_tokens[pool] += local[0]
-
-        def release_local() -> None:
-            self._local_tokens[pool] -= local[0]
-            local[0] = 0
-
+        # The request is one of the pool's streams while it is there; a prompt the pool
+        # prefills itself is also its backlog until the first token.
+        key = object()
+        self._streams[pool] += 1
+        if req.kv_transfer_params is None:
+            self._sent(pool, key, n_prompt)
         start = time.perf_counter()
         self.signals.arrival(pool, n_prompt, req.sampling.max_tokens or 0)
         first, n_out = None, 0
@@ -404,7 +419,7 @@ class Dispatcher:
                     if chunk.token_ids and first is None:
                         first = time.perf_counter()
                         self.signals.first_token(pool, first - start)
-                        release_local()
+                        self._answered(pool, key)
                     n_out += len(chunk.token_ids)
                     if chunk.engine_cost is not None:
                         self.calibration.engine_reported(pool, chunk.engine_cost)
@@ -413,7 +428,8 @@ class Dispatcher:
                 self.signals.finished(pool, time.perf_counter() - first, n_out)
                 self.calibration.output_measured(n_out)
         finally:
-            release_local()
+            self._answered(pool, key)
+            self._streams[pool] -= 1
 
     async def _migrating(
         self, pool: str, req: GenerateRequest, parent: Context | None, start: float

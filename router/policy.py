@@ -67,6 +67,11 @@ class EngineCost:
         steps = math.ceil(tokens / max(self.chunk_tokens - seqs, 1))
         return tokens * self.per_token_s + steps * (self.step_s + self.per_seq_s * seqs)
 
+    def prefill_rate(self, seqs: int) -> float:
+        """Prompt tokens prefilled per second in full chunks beside `seqs` decoding sequences."""
+        chunk = max(self.chunk_tokens - seqs, 1)
+        return chunk / self.step(seqs, chunk)
+
 
 @dataclass(frozen=True)
 class HandoffCost:
@@ -102,10 +107,11 @@ class PoolLoad:
     """What one router replica sees of the two pools when it decides (its own traffic only).
 
     prefill_requests: prompts waiting for or in a remote prefill. prefill_tokens: the prompt
-    tokens the prefill pool prefills for it (remote prefills, whole requests sent there) until
-    their first token. local_prefill_tokens: the same on the decode pool. decode_streams:
-    requests holding or waiting for a decode slot. prefill_streams: whole requests on the
-    prefill pool, until they finish.
+    tokens the prefill pool has still to prefill for it (remote prefills, whole requests sent
+    there), drained at the pool's measured rate (`router/backlog.py`). local_prefill_tokens: the
+    same on the decode pool. decode_streams: requests on the decode pool's engines (prefilling
+    there or decoding), not those still in a remote prefill. prefill_streams: the same for whole
+    requests on the prefill pool.
     """
 
     prefill_requests: int = 0

@@ -31,6 +31,7 @@ from splitserve.controller.control import Controller
 from splitserve.controller.sim.pool import Pool, PoolSpec
 from splitserve.controller.sim.replica import DRAINING, STARTING, Replica
 from splitserve.controller.sim.trace import Trace
+from splitserve.router.backlog import Backlog
 from splitserve.router.policy import (
     EngineCost,
     HandoffCost,
@@ -89,9 +90,12 @@ class Simulation:
         self.targets = Targets(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s)
         self.paths: dict[PrefillPath, int] = {}  # decisions taken, by path
         # The router's view of its work in flight, counted as router/dispatch.py counts it.
-        self.remote_reqs = self.remote_tokens = 0  # remote prefills, until their handoff
-        self.local_tokens = {"prefill": 0, "decode": 0}  # local prompts, until prefilled
-        self.decode_streams = self.offloaded = 0  # decode gate entries / offloads, until done
+        self.remote_reqs = 0  # remote prefills, until their handoff
+        # prompt tokens left to prefill per pool (remote prompts until their handoff, local
+        # ones until prefilled), drained at the pool's prefill rate
+        self.backlog = {"prefill": Backlog(), "decode": Backlog()}
+        # requests on each pool from their hop there to their end (decode: from the handoff)
+        self.decode_streams = self.offloaded = 0
         self.heap: list = []
         self.seq = 0
         self.timeline: list[dict] = []
@@ -139,7 +143,7 @@ class Simulation:
         p, o = self.prompt[req], self.output[req]
         path = PrefillPath.REMOTE
         if self.routing is not None:
-            path = self._decide(p, self.cached[req] if self.cached is not None else 0, o)
+            path = self._decide(p, self.cached[req] if self.cached is not None else 0, o, now)
             self.paths[path] = self.paths.get(path, 0) + 1
         remote_side = path is PrefillPath.REMOTE or path.pool == "prefill"
         pool = self.front if remote_side else self.back
@@ -153,18 +157,17 @@ class Simulation:
             pass  # colocated
         elif path is PrefillPath.REMOTE:
             self.remote_reqs += 1
-            self.remote_tokens += p
-            self.decode_streams += 1  # its decode slot is reserved before it prefills
+            self._sent("prefill", req, p, now)
         else:  # prefilled where it decodes: a decode replica, or a prefill one (whole request)
             self.local[req] = True
-            self.local_tokens[path.pool] += p
+            self._sent(path.pool, req, p, now)
             if path.pool == "prefill":
                 self.offloaded += 1
             else:
-                self.decode_streams += 1  # LOCAL: through the decode gate
+                self.decode_streams += 1
         self._route(pool, req, now)
 
-    def _decide(self, prompt: int, cached: int, output: int) -> PrefillPath:
+    def _decide(self, prompt: int, cached: int, output: int, now: float) -> PrefillPath:
         """The router's choice for a prompt (`Dispatcher._path`, with the profile's costs)."""
         cfg = self.routing
         if cfg.prefill == "local" or prompt < cfg.min_remote_prompt_tokens:
@@ -172,23 +175,45 @@ class Simulation:
         if cfg.prefill == "remote":
             return PrefillPath.REMOTE
         prefill, decode, handoff = self.costs
-        views = pool_views(self.load(), prefill, decode, {"prefill": cached, "decode": cached})
+        views = pool_views(self.load(now), prefill, decode,
+                           {"prefill": cached, "decode": cached})
         return decide(prompt, views["prefill"], views["decode"], handoff, self.targets,
                       output_tokens=output, stream_tokens=self.mean_output).path
 
-    def load(self) -> PoolLoad:
-        """The pools as one router replica sees them now (`Dispatcher.load`): its share of the
-        work in flight (Serve spreads requests evenly over router replicas), every replica."""
+    def load(self, now: float) -> PoolLoad:
+        """The pools as one router replica sees them at `now` (`Dispatcher.load`): its share
+        of the work in flight (Serve spreads requests evenly over router replicas), every
+        replica."""
         r = self.router_replicas
         return PoolLoad(
             prefill_requests=round(self.remote_reqs / r),
-            prefill_tokens=round((self.remote_tokens + self.local_tokens["prefill"]) / r),
+            prefill_tokens=round(self.backlog["prefill"].tokens(now, self._rate("prefill")) / r),
             prefill_replicas=len(self.front.routable),
-            local_prefill_tokens=round(self.local_tokens["decode"] / r),
+            local_prefill_tokens=round(
+                self.backlog["decode"].tokens(now, self._rate("decode")) / r),
             decode_streams=round(self.decode_streams / r),
             decode_replicas=len(self.back.routable),
             prefill_streams=round(self.offloaded / r),
         )
+
+    def _rate(self, role: str) -> float:
+        """`role`'s prefill tokens/s over its replicas (`Dispatcher._rate`, profile costs)."""
+        if self.routing is None:
+            return 0.0
+        pool = self.front if role == "prefill" else self.back
+        cost = self.costs[0] if role == "prefill" else self.costs[1]
+        reps = max(len(pool.routable), 1)
+        streams = self.offloaded if role == "prefill" else self.decode_streams
+        return cost.prefill_rate(round(streams / reps)) * reps
+
+    def _sent(self, role: str, req: int, tokens: int, now: float) -> None:
+        if self.routing is not None:
+            self.backlog[role].add(req, tokens, now, self._rate(role))
+
+    def _answered(self, role: str, reqs: list[int], now: float) -> None:
+        if self.routing is not None:
+            for req in reqs:
+                self.backlog[role].remove(req, now, self._rate(role))
 
     def _route(self, pool: Pool, req: int, now: float) -> None:
         rep = pool.pick_prefill()
@@ -234,15 +259,14 @@ class Simulation:
             for req in mine:
                 stamp(req, now)
                 rep.join(req, prompt[req], output[req], reserved=True)
-            if self.routing is not None:  # the router counts it until its first token
-                self.local_tokens[pool.spec.role] -= sum(prompt[r] for r in mine)
+            self._answered(pool.spec.role, mine, now)  # counted until its first token
             self._reschedule(rep, now)
         remote = [r for r in batch if not local[r]] if mine else batch
         if remote:  # the KV moves to the decode pool, the decode request enters its gate
             arrival = self.arrival
             pool.ttfts.extend([done_t - arrival[r] for r in remote])
             self.remote_reqs -= len(remote)
-            self.remote_tokens -= sum(prompt[r] for r in remote)
+            self._answered("prefill", remote, now)
             longest = max(prompt[r] for r in remote)
             self.push(done_t + pool.cost.kv_transfer_s(longest), XFER, remote)
         self._settle(rep, now)
@@ -252,6 +276,7 @@ class Simulation:
         back, output = self.back, self.output
         back.arrivals += len(batch)
         back.out_tokens += sum(output[r] for r in batch)
+        self.decode_streams += len(batch)  # on decode from its handoff
         self._admit(back, batch, now)
 
     def _admit(self, pool: Pool, reqs: list[int], now: float) -> None:

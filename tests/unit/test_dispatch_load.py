@@ -77,6 +77,7 @@ def _setup(tpot_slo_s: float | None = None, calibrated: bool = True,
         {"prefill": prefill, "decode": decode}, cfg.disaggregation, metrics,
         Tenancy.from_config(cfg), replicas={"prefill": 1, "decode": 1}, tpot_slo_s=tpot_slo_s,
     )
+    d.clock = lambda: 0.0  # time stands still: backlogs do not drain (tests that drain set it)
     if calibrated:
         _calibrate(d)
     return d, prefill, decode, metrics
@@ -126,7 +127,8 @@ def test_remote_then_local_prompt_are_counted_until_prefilled_then_released():
         await asyncio.sleep(0)
         await prefill.started.wait()
         assert d.load().prefill_requests == 1 and d.load().prefill_tokens == 1536
-        assert d.load().decode_streams == 2  # its decode slot is held while it prefills
+        # its decode slot is held, but it is no stream of decode's before its handoff
+        assert d.load().decode_streams == 1
         prefill.release.set()
         decode.release.set()
         await asyncio.gather(first, second)
@@ -464,3 +466,29 @@ def test_a_failed_decode_releases_its_reservation_and_a_pin_not_kept_is_counted(
         assert d.reservations.held() == {}
 
     asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_prompt_counts_what_is_left_of_it_at_the_pool_s_measured_prefill_rate():
+    """A queued prompt drains at the rate the engines measured (10 k tokens/s here, 2048-token
+    chunks, one stream beside them), so a prompt half done counts half."""
+    async def run():
+        await asyncio.wait_for(body(), 10)
+
+    async def body():
+        d, _, decode, _ = _setup(prefill="local")
+        now = [0.0]
+        d.clock = lambda: now[0]
+        task = asyncio.create_task(_drain(d, _req(1000), []))
+        await decode.started.wait()
+        assert d.load().local_prefill_tokens == 1000
+        rate = d.calibration.engine_cost("decode", "prefill").prefill_rate(1)
+        now[0] = 500 / rate
+        assert d.load().local_prefill_tokens == 500
+        now[0] = 2.0
+        assert d.load().local_prefill_tokens == 0
+        assert d.load().decode_streams == 1  # it still runs there
+        decode.release.set()
+        await task
+        assert d.load() == PoolLoad()
+
+    asyncio.run(run())

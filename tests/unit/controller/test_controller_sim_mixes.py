@@ -86,8 +86,10 @@ def test_script_refuses_bad_options(capsys) -> None:
 def test_each_router_replica_sees_its_share_of_the_work_in_flight() -> None:
     trace = TraceSpec("steady", 20, 10)
     sim, _, _ = build(Scenario(trace=trace, routing=DisaggregationConfig(), router_replicas=4))
-    sim.remote_reqs, sim.remote_tokens, sim.decode_streams = 80, 40_000, 12
-    load = sim.load()
+    sim.remote_reqs, sim.decode_streams = 80, 12
+    for req in range(80):  # 500 tokens each, sent at t = 0; no time passes
+        sim.backlog["prefill"].add(req, 500, 0.0, 0.0)
+    load = sim.load(0.0)
     assert (load.prefill_requests, load.prefill_tokens, load.decode_streams) == (20, 10_000, 3)
     assert load.prefill_replicas == len(sim.front.routable)  # every pool replica, unshared
     with pytest.raises(ValueError, match="router_replicas"):
