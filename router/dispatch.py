@@ -173,17 +173,25 @@ class Dispatcher:
         now = self.clock()
         return PoolLoad(
             prefill_requests=self._remote_requests,
-            prefill_tokens=self._backlog["prefill"].tokens(now, self._rate("prefill")),
+            prefill_tokens=self._pending("prefill", now),
             prefill_replicas=self.replicas.get("prefill", 1),
-            local_prefill_tokens=self._backlog["decode"].tokens(now, self._rate("decode")),
+            local_prefill_tokens=self._pending("decode", now),
             decode_streams=self._streams["decode"],
             decode_replicas=self.replicas.get("decode", 1),
             prefill_streams=self._streams["prefill"],
         )
 
+    def _pending(self, pool: str, now: float) -> int:
+        """`pool`'s backlog in the step model's tokens: what is left of it, scaled by how much
+        slower (or faster) the pool answers than its step model says, so that the rule's
+        prefill time for it is the time the pool takes."""
+        backlog, model = self._backlog[pool], self._rate(pool)
+        left, served = backlog.tokens(now, model), backlog.served_rate()
+        return left if served is None or model <= 0 else round(left * model / served)
+
     def _rate(self, pool: str) -> float:
-        """`pool`'s prefill tokens/s over its replicas beside this router's streams there, as
-        its engines measured it (0 before they did: the backlog then does not drain)."""
+        """`pool`'s prefill tokens/s over its replicas beside this router's streams there, by
+        its engines' step model (0 before they reported one)."""
         cost = self.calibration.engine_cost(pool, "decode" if pool == "prefill" else "prefill")
         if cost is None:
             return 0.0
@@ -195,7 +203,12 @@ class Dispatcher:
         self._backlog[pool].add(key, tokens, self.clock(), self._rate(pool))
 
     def _answered(self, pool: str, key: object) -> None:
-        """`pool` answered (or dropped) the prompt `key`."""
+        """`pool` answered the prompt `key` (its first token, or its handoff)."""
+        self._backlog[pool].answered(key, self.clock(), self._rate(pool),
+                                     self.calibration.hop_s)
+
+    def _dropped(self, pool: str, key: object) -> None:
+        """The prompt `key` left `pool` without an answer (failed, cancelled, or answered)."""
         self._backlog[pool].remove(key, self.clock(), self._rate(pool))
 
     def _blocks(self, req: GenerateRequest) -> PromptBlocks | None:
@@ -370,9 +383,11 @@ class Dispatcher:
         self._sent("prefill", key, len(req.prompt_token_ids))
         try:
             handoff = await self._admitted_prefill(req, tenant, parent)
+            if handoff is not None:
+                self._answered("prefill", key)
         finally:
             self._remote_requests -= 1
-            self._answered("prefill", key)
+            self._dropped("prefill", key)
         span.set_attribute(FALLBACK, handoff is None)
         if handoff is None:
             return req, None
@@ -428,7 +443,7 @@ class Dispatcher:
                 self.signals.finished(pool, time.perf_counter() - first, n_out)
                 self.calibration.output_measured(n_out)
         finally:
-            self._answered(pool, key)
+            self._dropped(pool, key)
             self._streams[pool] -= 1
 
     async def _migrating(

@@ -108,8 +108,9 @@ class PoolLoad:
 
     prefill_requests: prompts waiting for or in a remote prefill. prefill_tokens: the prompt
     tokens the prefill pool has still to prefill for it (remote prefills, whole requests sent
-    there), drained at the pool's measured rate (`router/backlog.py`). local_prefill_tokens: the
-    same on the decode pool. decode_streams: requests on the decode pool's engines (prefilling
+    there), drained at the rate the pool answers (`router/backlog.py`), in the step model's
+    tokens (scaled by the model's rate over the measured one). local_prefill_tokens: the same
+    on the decode pool. decode_streams: requests on the decode pool's engines (prefilling
     there or decoding), not those still in a remote prefill. prefill_streams: the same for whole
     requests on the prefill pool.
     """

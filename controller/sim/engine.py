@@ -187,10 +187,9 @@ class Simulation:
         r = self.router_replicas
         return PoolLoad(
             prefill_requests=round(self.remote_reqs / r),
-            prefill_tokens=round(self.backlog["prefill"].tokens(now, self._rate("prefill")) / r),
+            prefill_tokens=round(self._pending("prefill", now) / r),
             prefill_replicas=len(self.front.routable),
-            local_prefill_tokens=round(
-                self.backlog["decode"].tokens(now, self._rate("decode")) / r),
+            local_prefill_tokens=round(self._pending("decode", now) / r),
             decode_streams=round(self.decode_streams / r),
             decode_replicas=len(self.back.routable),
             prefill_streams=round(self.offloaded / r),
@@ -213,7 +212,13 @@ class Simulation:
     def _answered(self, role: str, reqs: list[int], now: float) -> None:
         if self.routing is not None:
             for req in reqs:
-                self.backlog[role].remove(req, now, self._rate(role))
+                self.backlog[role].answered(req, now, self._rate(role))
+
+    def _pending(self, role: str, now: float) -> float:
+        """`role`'s backlog in the step model's tokens (`Dispatcher._pending`)."""
+        backlog, model = self.backlog[role], self._rate(role)
+        left, served = backlog.tokens(now, model), backlog.served_rate()
+        return left if served is None or model <= 0 else left * model / served
 
     def _route(self, pool: Pool, req: int, now: float) -> None:
         rep = pool.pick_prefill()

@@ -492,3 +492,18 @@ def test_a_prompt_counts_what_is_left_of_it_at_the_pool_s_measured_prefill_rate(
         assert d.load() == PoolLoad()
 
     asyncio.run(run())
+
+
+def test_a_pool_slower_than_its_step_model_shows_a_longer_backlog():
+    """The backlog is given in the step model's tokens: once the pool has answered prompts
+    at half the model's rate, what is left counts double, so the rule's prefill time for it is
+    the time the pool takes."""
+    d, _, _, _ = _setup(prefill="local")
+    model = d._rate("decode")
+    backlog = d._backlog["decode"]
+    for i in range(4):  # answered at half the modelled rate
+        backlog.add(i, 1000, now=10.0 * i, rate=model)
+        backlog.answered(i, now=10.0 * i + 2000 / model, rate=model)
+    backlog.add("q", 600, now=100.0, rate=model)
+    d.clock = lambda: 100.0
+    assert d.load().local_prefill_tokens == 1200
