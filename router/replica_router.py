@@ -32,6 +32,7 @@ from ray.serve.request_router import (
 
 from splitserve.config import RoutingConfig
 from splitserve.engine.messages import GenerateRequest, LoraOp
+from splitserve.router.routing.active_blocks import ActiveBlocks
 from splitserve.router.routing.decode_room import DecodeRoom
 from splitserve.router.routing.index_size import IndexSizer
 from splitserve.router.routing.kv_feed import EventSource, KVEventFeed, pool_feed
@@ -72,14 +73,14 @@ class PolicyRequestRouter(RequestRouter):
         )
         self._feed_sizer: IndexSizer | None = None  # in the engines' block size, once known
         self._recent: dict[int, tuple[PendingRequest, RoutingRequest]] = {}
+        self._active = ActiveBlocks()  # the policies' load term, counted as Serve routes
 
     def _fit_index(self) -> None:
         """Resize the indexes when the pool's reported KV capacity grew (index_size)."""
-        capacity = [int((r.routing_stats or {}).get("kv_capacity_tokens", 0))
-                    for r in self.curr_replicas.values()]
+        capacities = [capacity(r) for r in self.curr_replicas.values()]
         index = getattr(self._policy, "index", None)
         if index is not None and not isinstance(self._policy, KVEventsAware):
-            bound = self._sizer.observe(capacity)
+            bound = self._sizer.observe(capacities)
             if bound is not None:
                 index.resize(bound)
         hasher = self._feed.hasher
@@ -89,7 +90,7 @@ class PolicyRequestRouter(RequestRouter):
                                           block_size=hasher.block_size,
                                           max_replicas=self._max_replicas)
         if self._feed_sizer is not None:
-            bound = self._feed_sizer.observe(capacity)
+            bound = self._feed_sizer.observe(capacities)
             if bound is not None:
                 self._feed.resize(bound)
 
@@ -142,7 +143,7 @@ class PolicyRequestRouter(RequestRouter):
             replica_id=replica.replica_id.unique_id,
             queue_depth=int(queued if queued is not None else stats.get("num_unfinished", 0)),
             kv_usage=float(stats.get("kv_cache_usage", 0.0)),
-            active_blocks=int(stats.get("active_blocks", 0)),
+            active_blocks=self._active.of(replica.replica_id.unique_id),
         )
 
     def room_view(self, req: GenerateRequest) -> RoomView | None:
@@ -165,8 +166,9 @@ class PolicyRequestRouter(RequestRouter):
             replica_id=s.replica_id,
             queue_depth=s.queue_depth,
             max_ongoing=getattr(r, "max_ongoing_requests", None),
-            kv_usage=s.kv_usage,
-            kv_capacity_tokens=int((r.routing_stats or {}).get("kv_capacity_tokens", 0)),
+            kv_usage=fresh_usage(s.kv_usage, self._active.tokens_of(s.replica_id),
+                                 capacity(r)),
+            kv_capacity_tokens=capacity(r),
         ) for s, r in zip(states, candidates, strict=True))
         return RoomView(ranking, rooms, cached)
 
@@ -199,12 +201,19 @@ class PolicyRequestRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        """Release the request's decode reservation; remember which replica now holds this
-        prompt's blocks (prefix_aware)."""
+        """Release the request's decode reservation; count its blocks as the replica's load
+        until it completes; remember which replica now holds this prompt's blocks
+        (prefix_aware)."""
         req = pending_request.args[0] if pending_request.args else None
         pin = getattr(req, "pin_replica", None) if isinstance(req, GenerateRequest) else None
         if pin is not None:
             self._reservations.release(pin.reservation)
+        if isinstance(req, GenerateRequest):
+            hasher = self._feed.hasher
+            block_size = hasher.block_size if hasher is not None else self._cfg.block_size
+            self._active.routed(pending_request.metadata.internal_request_id,
+                                replica_id.unique_id,
+                                len(req.prompt_token_ids), block_size)
         if isinstance(self._policy, KVEventsAware):
             return  # the engine's events will say
         request = self._routing_request(pending_request)
@@ -212,10 +221,29 @@ class PolicyRequestRouter(RequestRouter):
         if request.block_hashes:
             self._policy.record(replica_id.unique_id, request.block_hashes)
 
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """The request ended on its replica (finished, failed or cancelled): its blocks no
+        longer load the replica."""
+        self._active.completed(internal_request_id)
+
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
-        """Forget a dead replica's cached prefixes."""
+        """Forget a dead replica's cached prefixes and load."""
         super().on_replica_actor_died(replica_id)
         self._policy.forget_replica(replica_id.unique_id)
+        self._active.forget_replica(replica_id.unique_id)
+
+
+def capacity(replica: RunningReplica) -> int:
+    """The replica's KV cache in tokens, as its routing stats report it (0: unknown)."""
+    return int((replica.routing_stats or {}).get("kv_capacity_tokens", 0))
+
+
+def fresh_usage(reported: float, active_tokens: int, capacity_tokens: int) -> float:
+    """Pure: a replica's KV usage, at least what the prompts routed to it and not completed
+    hold (its reported usage is seconds old: a request routed since is not in it yet)."""
+    if capacity_tokens <= 0:
+        return reported
+    return min(max(reported, active_tokens / capacity_tokens), 1.0)
 
 
 def avoid_failed(

@@ -17,8 +17,8 @@ class ReplicaState:
     """One replica as the router sees it.
 
     `queue_depth`: requests sent and not finished (waiting + running). `kv_usage`: fraction of
-    the KV cache in use, 0..1. `active_blocks`: KV blocks held by its running requests (0 when
-    unknown; the prefix-aware cost then counts only uncached blocks).
+    the KV cache in use, 0..1 (from its routing stats, seconds old). `active_blocks`: KV blocks
+    of the requests this router sent it that have not completed (`active_blocks.py`).
     """
 
     replica_id: str

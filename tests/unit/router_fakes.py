@@ -227,3 +227,18 @@ def completion_body(n_prompt: int = 300, stream: bool = True, max_tokens: int = 
 async def drain(response) -> list[bytes]:
     """Every body chunk of a streamed response."""
     return [event async for event in response.body_iterator]
+
+
+def policy_router(cfg: dict, pool: str = "decode"):
+    """A `PolicyRequestRouter` for `pool` as Serve would make it from config `cfg`, built
+    without Serve's constructor (it needs a cluster) and with no replicas yet."""
+    from splitserve.app import pool_deployment_options
+    from splitserve.router.replica_router import PolicyRequestRouter
+
+    kwargs = pool_deployment_options(parse_config(cfg), pool, "cpu")["request_router_config"][
+        "request_router_kwargs"]
+    router = PolicyRequestRouter.__new__(PolicyRequestRouter)
+    router._replicas = {}
+    router._replica_queue_len_cache = {}
+    router.initialize_state(**kwargs)
+    return router

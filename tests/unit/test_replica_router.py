@@ -8,9 +8,8 @@ import asyncio
 from collections import namedtuple
 from types import SimpleNamespace
 
-from splitserve.app import pool_deployment_options
-from splitserve.config import parse_config
-from splitserve.router.replica_router import PolicyRequestRouter
+from router_fakes import policy_router
+
 from splitserve.router.routing.index_size import UNKNOWN_CAPACITY_MAX_BLOCKS
 
 CPU_KV_TOKENS = 524_288
@@ -18,15 +17,8 @@ ReplicaId = namedtuple("ReplicaId", "unique_id")  # hashable, like Serve's Repli
 
 
 def _router(routing: dict, replicas: int = 2, autoscaling: dict | None = None):
-    cfg = parse_config({"mode": "colocated", "pools": {"decode": {"replicas": replicas}},
-                        "router": {"routing": routing}, "autoscaling": autoscaling})
-    kwargs = pool_deployment_options(cfg, "decode", "cpu")["request_router_config"][
-        "request_router_kwargs"]
-    router = PolicyRequestRouter.__new__(PolicyRequestRouter)  # Serve's __init__ needs a cluster
-    router._replicas = {}
-    router._replica_queue_len_cache = {}
-    router.initialize_state(**kwargs)
-    return router
+    return policy_router({"mode": "colocated", "pools": {"decode": {"replicas": replicas}},
+                          "router": {"routing": routing}, "autoscaling": autoscaling})
 
 
 def _replica(rid: str, kv_tokens: int | None):
@@ -137,3 +129,31 @@ def test_kv_events_routes_to_the_replica_whose_engine_reports_the_prompt(monkeyp
         router._policy.index.close()
         pub_a.shutdown()
         pub_b.shutdown()
+
+
+def _routed(router, replica: str, request_id: str, prompt: int, max_tokens: int) -> None:
+    from splitserve.engine.messages import GenerateRequest
+
+    req = GenerateRequest.completion(request_id, list(range(prompt)), max_tokens)
+    pending = SimpleNamespace(args=[req],
+                              metadata=SimpleNamespace(internal_request_id=request_id))
+    router.on_request_routed(pending, ReplicaId(replica), None)
+
+
+def test_routed_requests_load_their_replica_until_serve_reports_them_completed() -> None:
+    """The prefix policies' load term is counted as Serve routes and completes requests (no
+    stale engine stats): a new prompt, cached nowhere, goes to the replica with fewer active
+    blocks, even when the busy one's reported KV usage is still 0."""
+    router = _router({"decode": "prefix_aware"})
+    a, b = _replica("a", CPU_KV_TOKENS), _replica("b", CPU_KV_TOKENS)
+    _set_replicas(router, a, b)
+    _routed(router, "a", "r1", prompt=128, max_tokens=28)  # 8 prompt blocks of 16
+    assert router._state(a).active_blocks == 8 and router._state(b).active_blocks == 0
+    ranked = asyncio.run(router.choose_replicas([a, b]))
+    assert [r[0].replica_id.unique_id for r in ranked] == ["b", "a"]
+    router.on_request_completed(ReplicaId("a"), "r1")
+    assert router._state(a).active_blocks == 0
+    _routed(router, "b", "r2", prompt=16, max_tokens=0)
+    router._replica_id_set, router._queue_len_gauge_last_update = set(), {}  # Serve's own
+    router.on_replica_actor_died(ReplicaId("b"))
+    assert router._state(b).active_blocks == 0

@@ -9,25 +9,18 @@ import asyncio
 from collections import namedtuple
 from types import SimpleNamespace
 
-from splitserve.router.replica_router import PolicyRequestRouter
+from router_fakes import policy_router
+
 from splitserve.router.routing.reservations import DecodeReservations
 
-from splitserve.app import pool_deployment_options
-from splitserve.config import parse_config
 from splitserve.engine.messages import GenerateRequest, ReplicaPin, Sampling
 
 ReplicaId = namedtuple("ReplicaId", "unique_id")  # hashable, like Serve's ReplicaID
 
 
 def _router(policy: str = "least_loaded"):
-    cfg = parse_config({"mode": "colocated", "pools": {"decode": {"replicas": 2}},
-                        "router": {"routing": {"decode": policy}}})
-    kwargs = pool_deployment_options(cfg, "decode", "cpu")["request_router_config"][
-        "request_router_kwargs"]
-    router = PolicyRequestRouter.__new__(PolicyRequestRouter)  # Serve's __init__ needs a cluster
-    router._replicas = {}
-    router._replica_queue_len_cache = {}
-    router.initialize_state(**kwargs)
+    router = policy_router({"mode": "colocated", "pools": {"decode": {"replicas": 2}},
+                            "router": {"routing": {"decode": policy}}})
     router._reservations = DecodeReservations("test")  # not the process-wide one
     router._reservations.attach(router)
     return router
@@ -84,7 +77,8 @@ def test_routing_releases_the_reservation():
     slots = router._reservations
     held = slots.reserve(_req(), asyncio.run(slots.view(_req())), output_tokens=4)
     assert slots.held() == {held.replica_id: (1, 104)}
-    pending = SimpleNamespace(args=(_req(ReplicaPin(held.replica_id, held.key)),))
+    pending = SimpleNamespace(args=(_req(ReplicaPin(held.replica_id, held.key)),),
+                              metadata=SimpleNamespace(internal_request_id="i-1"))
     router.on_request_routed(pending, ReplicaId(held.replica_id), None)
     assert slots.held() == {}
 
@@ -101,3 +95,22 @@ def test_room_view_counts_the_prefix_each_replica_holds():
     view = router.room_view(req)
     assert view.cached_tokens == {"a": 0, "b": 64}
     assert view.ranking[0] == "b"  # the policy prefers the replica holding the prefix
+
+
+def test_room_view_counts_what_was_routed_since_the_replica_last_reported():
+    """A replica's KV usage comes with its routing stats, seconds old: the prompts routed to it
+    since (and not completed) count in its room at once."""
+    from splitserve.router.replica_router import fresh_usage
+
+    router = _router()
+    a, b = _set(router, _replica("a", usage=0.1), _replica("b", usage=0.1))
+    req = GenerateRequest("big", tuple(range(5000)), Sampling(max_tokens=4))
+    pending = SimpleNamespace(args=(req,), metadata=SimpleNamespace(internal_request_id="i-9"))
+    router.on_request_routed(pending, ReplicaId("a"), None)
+    rooms = {room.replica_id: room for room in router.room_view(_req()).rooms}
+    assert rooms["a"].kv_usage > 0.5 and rooms["b"].kv_usage == 0.1  # 5,000 of 10,000 tokens
+    router.on_request_completed(ReplicaId("a"), "i-9")
+    rooms = {room.replica_id: room for room in router.room_view(_req()).rooms}
+    assert rooms["a"].kv_usage == 0.1
+    assert fresh_usage(0.3, 1000, 0) == 0.3  # capacity unknown: as reported
+    assert fresh_usage(0.3, 50_000, 10_000) == 1.0
