@@ -26,6 +26,7 @@ the local process tree at once, and exits 130.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -40,6 +41,8 @@ from splitserve.config import SplitserveConfig
 from splitserve.ingress import apply_ray_env, start_serve
 from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 # Serve reports a replica it cannot place after 30 s; a cluster that cannot grow will never place
@@ -81,7 +84,7 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
         ray.init(address=address, namespace="splitserve", log_to_driver=verbose)
         return False
     apply_ray_env(cfg.router.direct_ingress)  # the cluster's processes inherit it
-    ray.init(
+    init_local_ray(
         num_cpus=cfg.ray.num_cpus or os.cpu_count(),
         object_store_memory=cfg.ray.object_store_mb * 2**20,
         include_dashboard=False,
@@ -89,6 +92,22 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
         namespace="splitserve",
     )
     return True
+
+
+def init_local_ray(**options) -> None:
+    """`ray.init(**options)` for a new local cluster, tried a second time when its raylet
+    missed Ray's start-up wait (a fixed 30 s in `ray._private.node`, not configurable; a busy
+    machine can miss it while the raylet itself comes up fine)."""
+    import ray
+
+    try:
+        ray.init(**options)
+    except Exception as err:
+        if "timed out during startup" not in str(err):
+            raise
+        log.warning("Ray's local node missed its start-up wait (%s); starting it again", err)
+        ray.shutdown()
+        ray.init(**options)
 
 
 def _unschedulable(status) -> str | None:

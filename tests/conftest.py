@@ -54,6 +54,7 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
 
     from splitserve.app import build_app, serve_run_options
     from splitserve.ingress import apply_ray_env, start_serve
+    from splitserve.launcher import init_local_ray
     from splitserve.models import build_tiny_model
 
     build_tiny_model()
@@ -62,13 +63,7 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     options = {"num_cpus": 2 if device == "cpu" else None,
                "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False,
                "log_to_driver": False, "namespace": "splitserve-tests"}
-    try:
-        ray.init(**options)
-    except Exception as err:  # Ray waits a fixed 30 s for its raylet: a busy machine misses it
-        if "timed out during startup" not in str(err):
-            raise
-        ray.shutdown()
-        ray.init(**options)
+    init_local_ray(**options)  # retried once when the raylet missed Ray's fixed 30 s wait
     try:
         start_serve(cfg.router.host, cfg.router.port)
         serve.run(build_app(cfg, device, kv_host="127.0.0.1"), **serve_run_options(cfg))
@@ -128,6 +123,26 @@ def shared_deployment(cfg: SplitserveConfig, device: str = "cpu") -> Iterator[st
         _Shared.base = stack.enter_context(_deploy(cfg, device))
         _Shared.key, _Shared.stack = key, stack
     yield _Shared.base
+
+
+def trace_of(path: str, response_id: str, root: str = "POST /v1/completions",
+             timeout_s: float = 30) -> list[dict]:
+    """The spans in span file `path` of the trace whose `root` span answered `response_id`
+    (the root span is written when the response stream closes, which may be just after the
+    client saw its end)."""
+    from splitserve.router import tracing as tr
+    from splitserve.router.span_file import read_spans
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = read_spans(path)
+        roots = [s for s in spans if s["name"] == root
+                 and s["attributes"].get(tr.GENAI_RESPONSE_ID) == response_id]
+        if roots or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(roots) == 1, f"no single root span for {response_id}"
+    return [s for s in spans if s["trace_id"] == roots[0]["trace_id"]]
 
 
 def pool_stats(pool: str):

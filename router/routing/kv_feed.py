@@ -23,6 +23,7 @@ from typing import Any
 
 from splitserve.router.routing.kv_index import KVIndex
 from splitserve.router.routing.kv_order import Sequencer, Step
+from splitserve.router.routing.per_pool import PerPool
 from splitserve.router.routing.vllm_hash import PromptHasher
 
 log = logging.getLogger("splitserve.router")
@@ -244,16 +245,10 @@ class _Subscription:
     seq: Sequencer
 
 
-_FEEDS: dict[str, KVEventFeed] = {}
-_FEEDS_LOCK = threading.Lock()
+_FEEDS: PerPool[KVEventFeed] = PerPool(KVEventFeed)
 
 
 def pool_feed(app: str, deployment: str) -> KVEventFeed:
     """The process's feed of one pool deployment (made on first use, shared after): the
     request router that routes within the pool and the dispatcher read the same index."""
-    key = f"{app}/{deployment}"
-    with _FEEDS_LOCK:
-        feed = _FEEDS.get(key)
-        if feed is None:
-            feed = _FEEDS[key] = KVEventFeed(key)
-        return feed
+    return _FEEDS.get(app, deployment)

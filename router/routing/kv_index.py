@@ -18,10 +18,10 @@ Not thread-safe: the feed (`kv_feed`) serialises access.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
+from splitserve.router.routing.lru_blocks import LRUBlocks, leading_blocks
 from splitserve.router.routing.vllm_hash import external_hash
 
 DEFAULT_MAX_BLOCKS = 1 << 20
@@ -30,18 +30,12 @@ DEFAULT_MAX_BLOCKS = 1 << 20
 ENGINE_MEDIUM = "GPU"
 
 
-class KVIndex:
+class KVIndex(LRUBlocks[dict[str, set[str]]]):
     """Block hash -> {replica id: media holding it}, from each replica's KV events."""
 
     def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
-        if max_blocks < 1:
-            raise ValueError("max_blocks must be at least 1")
-        self.max_blocks = max_blocks
-        self._holders: OrderedDict[int, dict[str, set[str]]] = OrderedDict()
+        super().__init__(max_blocks)
         self._by_replica: dict[str, set[int]] = {}
-
-    def __len__(self) -> int:
-        return len(self._holders)
 
     def replicas(self) -> list[str]:
         """The replicas holding at least one block."""
@@ -98,18 +92,9 @@ class KVIndex:
         if not holders:
             del self._holders[h]
 
-    def resize(self, max_blocks: int) -> None:
-        """Set a new bound; a smaller one drops the least recently stored entries now."""
-        if max_blocks < 1:
-            raise ValueError("max_blocks must be at least 1")
-        self.max_blocks = max_blocks
-        self._evict()
-
-    def _evict(self) -> None:
-        while len(self._holders) > self.max_blocks:
-            h, holders = self._holders.popitem(last=False)
-            for replica_id in holders:
-                self._by_replica[replica_id].discard(h)
+    def _evicted(self, block_hash: int, holders: dict[str, set[str]]) -> None:
+        for replica_id in holders:
+            self._by_replica[replica_id].discard(block_hash)
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything `replica_id` holds (it is gone, or cleared its cache)."""
@@ -126,17 +111,13 @@ class KVIndex:
     ) -> dict[str, int]:
         """For each replica, how many leading blocks of the prompt it holds (0 if none), in any
         of `media` (None: any medium)."""
-        depth = {r: 0 for r in replica_ids}
-        alive = set(depth)
-        for i, h in enumerate(block_hashes):
+        def holds(h: int) -> Collection[str]:
             holders = self._holders.get(h, {})
-            alive = {r for r in alive if r in holders
-                     and (media is None or not holders[r].isdisjoint(media))}
-            if not alive:
-                break
-            for r in alive:
-                depth[r] = i + 1
-        return depth
+            if media is None:
+                return holders
+            return {r for r, held in holders.items() if not held.isdisjoint(media)}
+
+        return leading_blocks(block_hashes, replica_ids, holds)
 
     def prefix_media(self, block_hashes: Sequence[int], replica_id: str) -> list[frozenset[str]]:
         """The media holding each leading block of the prompt on `replica_id`, up to the first

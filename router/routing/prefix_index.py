@@ -10,25 +10,20 @@ matches a prefix of length k only if it holds each of the first k hashes of the 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from splitserve.router.routing.lru_blocks import LRUBlocks, leading_blocks
 
 # About 16 M tokens of prefixes at 16 tokens a block; about 330 bytes per entry. Deployments
 # size it from the pools' KV capacity instead (`index_size`, `routing.index_max_blocks: auto`).
 DEFAULT_MAX_BLOCKS = 1 << 20
 
 
-class PrefixIndex:
+class PrefixIndex(LRUBlocks[set[str]]):
     """Block hash -> the replicas it was sent to, least recently recorded first."""
 
     def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
-        if max_blocks < 1:
-            raise ValueError("max_blocks must be at least 1")
-        self.max_blocks = max_blocks
-        self._holders: OrderedDict[int, set[str]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._holders)
+        super().__init__(max_blocks)
 
     def record(self, replica_id: str, block_hashes: Sequence[int]) -> None:
         """Note that `replica_id` now holds these blocks (it was sent the prompt)."""
@@ -40,30 +35,11 @@ class PrefixIndex:
             self._holders.move_to_end(h)
         self._evict()
 
-    def resize(self, max_blocks: int) -> None:
-        """Set a new bound; a smaller one drops the least recently recorded entries now."""
-        if max_blocks < 1:
-            raise ValueError("max_blocks must be at least 1")
-        self.max_blocks = max_blocks
-        self._evict()
-
-    def _evict(self) -> None:
-        while len(self._holders) > self.max_blocks:
-            self._holders.popitem(last=False)
-
     def matched_blocks(
         self, block_hashes: Sequence[int], replica_ids: Iterable[str]
     ) -> dict[str, int]:
         """For each replica, how many leading blocks of the prompt it holds (0 if none)."""
-        depth = {r: 0 for r in replica_ids}
-        alive = set(depth)
-        for i, h in enumerate(block_hashes):
-            alive &= self._holders.get(h, set())
-            if not alive:
-                break
-            for r in alive:
-                depth[r] = i + 1
-        return depth
+        return leading_blocks(block_hashes, replica_ids, lambda h: self._holders.get(h, ()))
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop a replica that is gone (its cache went with it). O(index size)."""

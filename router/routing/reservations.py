@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from splitserve.router.routing.decode_room import DecodeRoom, kv_need, pick_decode_replica
+from splitserve.router.routing.per_pool import PerPool
 
 # The request router's loop answers `view` between two routing decisions (microseconds); past
 # this it is taken as stuck or gone, and the request is routed as if nothing could be reserved.
@@ -173,16 +174,10 @@ class DecodeReservations:
                        reserved_tokens=room.reserved_tokens + tokens)
 
 
-_POOLS: dict[str, DecodeReservations] = {}
-_POOLS_LOCK = threading.Lock()
+_POOLS: PerPool[DecodeReservations] = PerPool(DecodeReservations)
 
 
 def pool_reservations(app: str, deployment: str) -> DecodeReservations:
     """The process's reservations of one decode deployment (made on first use, shared after):
     the pool's request router attaches to it, the dispatcher reserves through it."""
-    key = f"{app}/{deployment}"
-    with _POOLS_LOCK:
-        slots = _POOLS.get(key)
-        if slots is None:
-            slots = _POOLS[key] = DecodeReservations(key)
-        return slots
+    return _POOLS.get(app, deployment)

@@ -10,16 +10,14 @@ engines on two cores: the test sets `placement.share_cores` (development only).
 
 from __future__ import annotations
 
-import time
 
 import httpx
 import numpy as np
 import openai
 import pytest
 from splitserve.router import tracing as tr
-from splitserve.router.span_file import read_spans
 
-from tests.conftest import running_deployment, test_config
+from tests.conftest import running_deployment, test_config, trace_of
 
 pytestmark = pytest.mark.engine
 
@@ -52,20 +50,6 @@ def _counter(base: str, name: str) -> float:
     return 0.0
 
 
-def _trace_of(path: str, response_id: str, timeout_s: float = 30) -> list[dict]:
-    """The spans of the trace whose root span answered `response_id` (written when the
-    response stream closes, which may be just after the client saw its end)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        spans = read_spans(path)
-        roots = [s for s in spans if s["name"] == ROOT
-                 and s["attributes"].get(tr.GENAI_RESPONSE_ID) == response_id]
-        if roots or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert len(roots) == 1, f"no single root span for {response_id}"
-    return [s for s in spans if s["trace_id"] == roots[0]["trace_id"]]
-
 
 def _one(spans: list[dict], name: str) -> dict:
     found = [s for s in spans if s["name"] == name]
@@ -90,7 +74,7 @@ def test_each_remote_decode_hop_runs_on_the_replica_reserved_before_its_prefill(
         rid = ""
         for chunk in stream:
             rid = chunk.id or rid
-        spans = _trace_of(path, rid)
+        spans = trace_of(path, rid, ROOT)
         dispatch, attempt = _one(spans, tr.DISPATCH), _one(spans, tr.PREFILL_ATTEMPT)
         decode = _one(spans, tr.DECODE)
         assert dispatch["attributes"][tr.PREFILL_PATH] == "remote"

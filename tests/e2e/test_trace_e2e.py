@@ -18,8 +18,7 @@ import pytest
 from ray import serve
 
 from splitserve.router import tracing as tr
-from splitserve.router.span_file import read_spans
-from tests.conftest import running_deployment, test_config
+from tests.conftest import running_deployment, test_config, trace_of
 
 pytestmark = pytest.mark.engine
 
@@ -76,20 +75,6 @@ def _streamed(client: openai.OpenAI, prompt: str) -> tuple[str, float, int]:
     return rid, ttft, n_out
 
 
-def _trace_of(path: str, response_id: str, timeout_s: float = 10) -> list[dict]:
-    """The spans of the trace whose root span answered `response_id` (the root span is written
-    when the response stream closes, which may be just after the client saw its end)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        spans = read_spans(path)
-        roots = [s for s in spans if s["name"] == ROOT
-                 and s["attributes"].get(tr.GENAI_RESPONSE_ID) == response_id]
-        if roots or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert len(roots) == 1, f"no single root span for {response_id}"
-    return [s for s in spans if s["trace_id"] == roots[0]["trace_id"]]
-
 
 def _one(spans: list[dict], name: str, **attrs) -> dict:
     found = [s for s in spans if s["name"] == name
@@ -111,7 +96,7 @@ def test_a_disaggregated_stream_is_one_trace_with_the_measured_kv_transfer(deplo
     assert moved > 0 and after.kv_transfers > before.kv_transfers
     assert _histogram_count(base, "splitserve_kv_transfer_duration_seconds") == hist_before + 1
 
-    spans = _trace_of(path, rid)
+    spans = trace_of(path, rid, ROOT)
     root, dispatch = _one(spans, ROOT), _one(spans, tr.DISPATCH)
     prefill, attempt = _one(spans, tr.PREFILL), _one(spans, tr.PREFILL_ATTEMPT)
     gate_p = _one(spans, tr.ADMISSION, **{tr.POOL: "prefill"})
@@ -119,7 +104,7 @@ def test_a_disaggregated_stream_is_one_trace_with_the_measured_kv_transfer(deplo
     decode, kv = _one(spans, tr.DECODE), _one(spans, tr.KV_TRANSFER)
     assert len(spans) == 8, sorted(s["name"] for s in spans)
 
-    # Parents (one trace: _trace_of selected by trace id).
+    # Parents (one trace: trace_of selected by trace id).
     assert root["parent_id"] is None and root["kind"] == "SERVER"
     parent = {s["span_id"]: s for s in spans}
     assert dispatch["parent_id"] == root["span_id"]
