@@ -115,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK['num_prompts']} prompts of {QUICK['input_len']}/"
                    f"{QUICK['output_len']} tokens per server: a smoke test")
+    p.add_argument("--profile", action="store_true",
+                   help="py-spy on the router and engine replicas (and the plain server's "
+                   "process) during each measured run: OUT/<server>/profile-<role>-<pid>.txt")
     p.add_argument("--out", default="bench-results/dataplane")
     p.add_argument("--start-timeout-s", type=float, default=600.0,
                    help="how long the plain server may take to answer /health")
@@ -450,6 +453,57 @@ def cpu_window(record: dict[str, Any]) -> Iterator[None]:
         vllm_serve.benchmark = real
 
 
+# The roles --profile samples: where the Python work per token is.
+PROFILED = ("router replica", "engine replica", "vLLM server process", "Serve proxy")
+
+
+@contextlib.contextmanager
+def profiling(out: Path, me: str, server_pid: str | None) -> Iterator[None]:
+    """py-spy (`record --format raw`: collapsed stacks, one line per stack with its sample
+    count) on every process of the `PROFILED` roles while the block runs, written to
+    `out/profile-<role>-<pid>.txt`; the top of each is printed by `top_frames`."""
+    procs = snapshot()
+    mine = descendants(procs, me)
+    spies = []
+    for pid in sorted(mine):
+        role = process_role(pid, procs, me, server_pid)
+        if not role.startswith(PROFILED) or pid == me:
+            continue
+        slug = "-".join("".join(c if c.isalnum() else " " for c in role.lower()).split())
+        path = out / f"profile-{slug}-{pid}.txt"
+        spies.append((subprocess.Popen(
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", pid, "--rate",
+             "100", "--format", "raw", "--output", str(path), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path))
+    try:
+        yield
+    finally:
+        for spy, _ in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy, path in spies:
+            try:
+                spy.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+            if path.exists():
+                print(f"[profile] {path.name}:\n{top_frames(path.read_text())}", flush=True)
+
+
+def top_frames(collapsed: str, n: int = 12) -> str:
+    """Pure: the `n` functions with the most samples in py-spy's collapsed stacks, counted
+    where they are on the stack (inclusive), as "share  function (file)" lines."""
+    total, inclusive = 0, {}
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        total += int(count)
+        for frame in set(stack.split(";")):
+            inclusive[frame] = inclusive.get(frame, 0) + int(count)
+    top = sorted(inclusive.items(), key=lambda kv: -kv[1])[:n]
+    return "\n".join(f"  {100 * c / max(total, 1):5.1f}%  {f}" for f, c in top)
+
+
 def measure(args: argparse.Namespace, server: str, base_url: str, model_dir: str, out: Path,
             server_pid: str | None = None) -> dict[str, Any]:
     """Run vLLM's client against `base_url`; the summary, the client's result and the CPU."""
@@ -458,7 +512,9 @@ def measure(args: argparse.Namespace, server: str, base_url: str, model_dir: str
     out.mkdir(parents=True, exist_ok=True)
     bench_args = client_args(client_argv(args, base_url, model_dir, str(out)))
     record: dict[str, Any] = {}
-    with cpu_window(record):
+    profile = (profiling(out, str(os.getpid()), server_pid) if args.profile
+               else contextlib.nullcontext())
+    with cpu_window(record), profile:
         result = vllm_bench(bench_args)
     summary = summarize(server, result)
     roles, others = cpu_by_role(record["before"], record["after"], str(os.getpid()), server_pid)

@@ -3,7 +3,7 @@
 # interleaved rounds (issue 27's acceptance run).
 #
 #   scripts/bench_rule_vs_baseline.sh [--baseline REV] [--candidate REV] [--rounds N]
-#       [--rates 2,4,6] [--num-requests 30] [--out bench-results/rule-vs-baseline]
+#       [--rates 2,4,6] [--num-requests 30] [--preset NAME] [--out bench-results/rule-vs-baseline]
 #
 # Each side runs from a git worktree of its commit (candidate: HEAD by default; baseline:
 # e89a9aa, the last commit with the ten-path policy), so that work in progress in this tree
@@ -23,6 +23,7 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BASELINE=e89a9aa CANDIDATE=HEAD ROUNDS=3 RATES=2,4,6 N=30 OUT=$ROOT/bench-results/rule-vs-baseline
+PRESET=()  # bench_disagg's workloads (--preset, repeatable): all by default
 while [ $# -gt 0 ]; do
   case $1 in
     --baseline) BASELINE=$2; shift 2 ;;
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --rates) RATES=$2; shift 2 ;;
     --num-requests) N=$2; shift 2 ;;
+    --preset) PRESET+=(--preset "$2"); shift 2 ;;
     --out) OUT=$(realpath -m "$2"); shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -56,7 +58,7 @@ run() {  # run SIDE CONFIG ROUND
   local dest=$OUT/round-$3/$1-$2
   [ "$1" = baseline ] && dest=$OUT/round-$3/baseline
   (cd "$WORK" && PYTHONPATH=$WORK/$1 "$PY" "$WORK/$1/scripts/bench_disagg.py" --configs "$2" \
-    --rates "$RATES" --num-requests "$N" --seed "$3" --rounds 1 --out "$dest")
+    --rates "$RATES" --num-requests "$N" --seed "$3" --rounds 1 ${PRESET[@]+"${PRESET[@]}"} --out "$dest")
 }
 retry() { "$@" || { echo "=== retry: $*"; sleep 10; "$@"; }; }
 for ((r = 0; r < ROUNDS; r++)); do

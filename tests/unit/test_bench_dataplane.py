@@ -291,3 +291,17 @@ def test_a_server_that_fails_is_recorded_and_the_next_still_runs(bench, monkeypa
     assert "exited (1)" in got[0]["error"] and "not healthy" in got[1]["error"]
     assert got[2] == {"server": "disaggregated", "out": tmp_path / "disaggregated"}
     assert seen == [1, 2, 3]  # results written after each server
+
+
+def test_top_frames_counts_each_function_once_per_stack_it_is_on(bench):
+    collapsed = "\n".join([
+        "main (a.py:1);relay (r.py:5);encode (j.py:9) 6",
+        "main (a.py:1);relay (r.py:5) 2",
+        "main (a.py:1);idle (e.py:3) 2",
+        "garbage line",
+    ])
+    lines = bench.top_frames(collapsed, n=3).splitlines()
+    assert [line.split(None, 1) for line in lines] == [
+        ["100.0%", "main (a.py:1)"], ["80.0%", "relay (r.py:5)"], ["60.0%", "encode (j.py:9)"]]
+    recursive = "f (a.py:1);f (a.py:1) 4"
+    assert bench.top_frames(recursive, n=1).split() == ["100.0%", "f", "(a.py:1)"]
