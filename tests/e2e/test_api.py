@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -84,8 +85,15 @@ def _completion_ids(client, prompt, max_tokens=24, **kw):
 
 def test_models_and_health(deployment, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
-    health = httpx.get(f"{deployment}/health")
-    assert health.status_code == 200
+    # A ping that misses `router.health_timeout_s` is a 503 by design; on two busy cores the
+    # engine replica's first seconds can miss it (CI, 2026-12-06), so the test polls for the
+    # 200 it checks (a few tries) instead of timing a single ping.
+    for _ in range(30):
+        health = httpx.get(f"{deployment}/health", timeout=10)
+        if health.status_code != 503:
+            break
+        time.sleep(2)
+    assert health.status_code == 200, health.text
     assert health.json()["pools"] == {"decode": "ok"}
 
 

@@ -89,6 +89,18 @@ def _tree_and_group(pid: int) -> dict[int, psutil.Process]:
     return procs
 
 
+def _engine_tree(pid: int) -> dict[int, psutil.Process]:
+    """`_tree_and_group(pid)` once it shows the vLLM EngineCore (its process title is set by
+    the spawned child itself, so a snapshot can catch it before; CI, 2026-12-06)."""
+    for _ in range(30):
+        tree = _tree_and_group(pid)
+        names = " ".join(_left(tree).values())
+        if "EngineCore" in names:
+            return tree
+        time.sleep(1)
+    raise AssertionError(f"no EngineCore under the launcher: {names}")
+
+
 def _left(procs: dict[int, psutil.Process]) -> dict[int, str]:
     out = {}
     for pid, p in procs.items():
@@ -154,7 +166,7 @@ def test_sigterm_drains_streams_refuses_new_requests_and_leaves_no_process(tmp_p
             t.start()
         for ev in started:
             assert ev.wait(120), "a stream did not start"
-        tree = _tree_and_group(proc.pid)
+        tree = _engine_tree(proc.pid)
         names = " ".join(_left(tree).values())
         assert "raylet" in names and "gcs_server" in names and "EngineCore" in names, names
 
@@ -237,8 +249,7 @@ def test_second_ctrl_c_skips_the_grace_period_and_still_leaves_no_process(tmp_pa
                                   daemon=True)
         stream.start()
         assert started.wait(120), "the stream did not start"
-        tree = _tree_and_group(proc.pid)
-        assert "EngineCore" in " ".join(_left(tree).values())
+        tree = _engine_tree(proc.pid)
 
         os.killpg(proc.pid, signal.SIGINT)
         deadline = time.monotonic() + 60
