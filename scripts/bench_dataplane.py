@@ -17,7 +17,8 @@ Servers, started, measured and stopped one after another on this machine (two co
                    not in the default run: --servers plain,colocated-proxy,colocated
     disaggregated  splitserve, 1 prefill + 1 decode engine on two cores, every prompt prefilled
                    remotely (scripts/bench_disagg.py's `disagg` config; --disagg-config names
-                   another of its disaggregated configs), max_num_seqs 128 on both pools
+                   another of its disaggregated configs), max_num_seqs 128 on both pools,
+                   direct ingress as `colocated`
 
 splitserve deployments start as scripts/bench_disagg.py starts them (Ray in this process,
 `tests.conftest.running_deployment`, the default config with dotted overrides on a free port);
@@ -158,9 +159,10 @@ def splitserve_overrides(server: str, disagg_config: str = "disagg",
                 "pools.decode.max_num_seqs": MAX_NUM_SEQS,
                 "router.direct_ingress": server == "colocated"}
     elif server == "disaggregated":
+        # direct ingress as for `colocated`, so that the two differ in the disaggregation only
         base = {**bench_disagg.CONFIGS[disagg_config], "pools.prefill.replicas": 1,
                 "pools.decode.replicas": 1, "pools.prefill.max_num_seqs": MAX_NUM_SEQS,
-                "pools.decode.max_num_seqs": MAX_NUM_SEQS}
+                "pools.decode.max_num_seqs": MAX_NUM_SEQS, "router.direct_ingress": True}
     else:
         raise ValueError(f"{server!r} is not a splitserve server")
     return {**base, **(extra or {})}

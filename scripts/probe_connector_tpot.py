@@ -25,7 +25,15 @@ deployment it competes for the same cores.
 
 Variants: `plain` (no connector), `nixl` (the connector as deployed), `nixl-hooks-off` (UCX's
 malloc/mmap hooks off), `nixl-tls-tcp` (UCX limited to its TCP transport, so each progress
-call polls fewer transports; limited to shared memory, `sm,self`, the engine fails to start).
+call polls fewer transports; limited to shared memory, `sm,self`, the engine fails to start),
+`tier` (vLLM's OffloadingConnector with 1 GiB of host memory, `kv_tier.medium: cpu`: every
+newly full block is stored in the tier; the engine's own KV is large enough that nothing is
+evicted or loaded back, so a difference is the tier's cost per step and per stored block).
+Each stream count also reports the mean TTFT of its streams (all start together: the later
+ones queue behind the earlier ones' prefills), e.g. with long prompts:
+
+    .venv/bin/python scripts/probe_connector_tpot.py --variants plain,tier \
+        --prompt-len 1024 --output-len 32 --streams 1,8 --rounds 2
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ UCX_HOOKS_OFF = {"UCX_MEM_MALLOC_HOOKS": "no", "UCX_MEM_MMAP_HOOK_MODE": "none"}
 VARIANT_ENV: dict[str, dict[str, str] | None] = {
     "plain": None, "nixl": {}, "nixl-hooks-off": UCX_HOOKS_OFF,
     "nixl-tls-tcp": {"UCX_TLS": "tcp,self"},  # (UCX_TLS=sm,self: the engine fails to start)
+    "tier": {},  # vLLM's OffloadingConnector, 1 GiB of host memory (`kv_tier.medium: cpu`)
 }
 VARIANTS = tuple(VARIANT_ENV)
 PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
@@ -114,7 +123,11 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
     os.environ.update(engine_env(spec, [args.core]))
     build_tiny_model()
     kwargs = engine_kwargs(spec, resolve_model_path(spec.model, spec.tiny_variant))
-    if VARIANT_ENV[variant] is not None:
+    if variant == "tier":
+        from splitserve.kv_transfer.tier import tier_transfer_config
+
+        kwargs["kv_transfer_config"] = KVTransferConfig(**tier_transfer_config("cpu", 1.0))
+    elif VARIANT_ENV[variant] is not None:
         os.environ.update(nixl_env("127.0.0.1", 15600))
         os.environ.update(VARIANT_ENV[variant])
         kwargs["kv_transfer_config"] = KVTransferConfig(
@@ -123,15 +136,18 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
     rng = np.random.default_rng(0)
 
+    ttfts: list[float] = []
+
     async def one(n_out: int) -> float:
         ids = [int(t) for t in rng.integers(10, 500, args.prompt_len)]
         sp = SamplingParams(max_tokens=n_out, min_tokens=n_out, temperature=0.0, ignore_eos=True)
-        first, n = None, 0
+        first, n, sent = None, 0, time.perf_counter()
         async for out in engine.generate(
             TokensPrompt(prompt_token_ids=ids), sp, request_id=f"p-{time.time_ns()}-{rng.random()}"
         ):
             if first is None:
                 first = time.perf_counter()
+                ttfts.append(first - sent)
             n = len(out.outputs[0].token_ids)
         return (time.perf_counter() - first) / max(n - 1, 1)
 
@@ -139,11 +155,13 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
     result: dict[int, dict[str, float]] = {}
     for s in (int(x) for x in args.streams.split(",")):
         before, threads_before = cpu_seconds(), thread_cpu_seconds()
+        ttfts.clear()
         per_stream = await asyncio.gather(*(one(args.output_len) for _ in range(s)))
         used = {k: v - before[k] for k, v in cpu_seconds().items()}
         threads = {k: v - threads_before.get(k, 0.0) for k, v in thread_cpu_seconds().items()}
         tokens = s * args.output_len
         result[s] = {"tpot_ms": 1000 * statistics.mean(per_stream),
+                     "ttft_ms": 1000 * statistics.mean(ttfts),
                      "core_cpu_ms_per_token": 1000 * used["VLLM::EngineCore"] / tokens,
                      "worker_cpu_ms_per_token": 1000 * used["VLLM::Worker"] / tokens,
                      "threads_cpu_ms_per_token": {k: 1000 * v / tokens
@@ -196,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     def med(variant: str, s: str, key: str) -> float:
         return statistics.median(run[s][key] for run in runs[variant])
 
-    print("\nmedians per variant: TPOT ms / EngineCore CPU ms per output token / worker CPU ms "
-          "per output token")
-    print("streams  " + "  ".join(f"{v:>24}" for v in variants))
+    print("\nmedians per variant: TTFT ms / TPOT ms / EngineCore CPU ms per output token / "
+          "worker CPU ms per output token")
+    print("streams  " + "  ".join(f"{v:>32}" for v in variants))
     for s in runs[variants[0]][0]:
         print(f"{s:>7}  " + "  ".join(
-            f"{med(v, s, 'tpot_ms'):8.1f} /{med(v, s, 'core_cpu_ms_per_token'):6.2f} /"
+            f"{med(v, s, 'ttft_ms'):7.1f} /{med(v, s, 'tpot_ms'):6.1f} /{med(v, s, 'core_cpu_ms_per_token'):6.2f} /"
             f"{med(v, s, 'worker_cpu_ms_per_token'):6.2f}" for v in variants))
     return 0
 

@@ -106,6 +106,7 @@ def test_splitserve_servers_are_valid_configs_with_one_engine_per_core(bench):
     assert (disagg.pools.prefill.max_num_seqs, disagg.pools.decode.max_num_seqs) == (128, 128)
     assert disagg.disaggregation.min_remote_prompt_tokens == 0  # bench_disagg's `disagg`
     assert disagg.slo.tpot_ms == 50
+    assert colo.router.direct_ingress and disagg.router.direct_ingress  # the same ingress
     with pytest.raises(ValueError):
         bench.splitserve_overrides("plain")
 
