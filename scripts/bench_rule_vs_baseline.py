@@ -5,7 +5,9 @@ the baseline's default, and the rule's predicted against measured TTFT.
 
 Per workload and rate: each side's goodput (requests/s meeting both SLOs) in every round, the
 median over rounds, and whether the rule's median is at least the better of the other two
-(issue 27's goal). Then, per rate and path, the rule's measured / predicted TTFT: the median
+(issue 27's goal); then the same with every gap between two tokens of a request within the TPOT
+target (`goodput_every_gap_rps`, `splitserve.bench.stats`: what the rule keeps; recounted from
+each run's requests.jsonl where its summary predates the figure). Then, per rate and path, the rule's measured / predicted TTFT: the median
 ratio and the share of requests within 25 %; a share of at least half is a median absolute
 error within 25 % (the goal on the CPU workloads).
 """
@@ -16,6 +18,9 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+from splitserve.bench.results import RequestResult
+from splitserve.bench.stats import SLO, meets_slo
 
 SIDES = {"rule": "candidate-conditional", "colocated": "candidate-colocated",
          "baseline": "baseline"}
@@ -28,15 +33,40 @@ def load(out: Path) -> dict[str, dict[str, dict]]:
         for side, sub in SIDES.items():
             f = rdir / sub / "comparison.json"
             if f.exists():
-                results = json.loads(f.read_text())["results"]
-                rounds.setdefault(rdir.name, {})[side] = {
-                    preset: next(iter(by_config.values())) for preset, by_config in results.items()
-                }
+                comparison = json.loads(f.read_text())
+                slo = SLO(**comparison["slo"])
+                by_preset = {}
+                for preset, by_config in comparison["results"].items():
+                    config, res = next(iter(by_config.items()))
+                    for pt in res.get("points", []):
+                        if pt.get("goodput_every_gap_rps") is None:
+                            pt["goodput_every_gap_rps"] = recount_every_gap(
+                                f.parent / config / preset, pt["rate"], slo)
+                    by_preset[preset] = res
+                rounds.setdefault(rdir.name, {})[side] = by_preset
     return rounds
 
 
-def goodput_table(rounds: dict[str, dict[str, dict]]) -> list[str]:
-    """Lines: per workload and rate, each side's per-round goodput, median, and the goal."""
+def recount_every_gap(runs: Path, rate: float, slo: SLO) -> float | None:
+    """Goodput with every gap within the TPOT target of the run at `rate` under `runs` (its
+    rate-*/ folder: summary.json for the duration, requests.jsonl); None when absent."""
+    for folder in runs.glob("rate-*"):
+        summary_file, requests_file = folder / "summary.json", folder / "requests.jsonl"
+        if not summary_file.exists() or not requests_file.exists():
+            continue
+        summary = json.loads(summary_file.read_text())
+        if summary["config"]["rate"] != rate:
+            continue
+        results = [RequestResult.from_json(json.loads(line))
+                   for line in requests_file.read_text().splitlines() if line.strip()]
+        met = sum(meets_slo(r, slo, every_gap=True) for r in results)
+        return met / summary["duration_s"] if summary["duration_s"] > 0 else 0.0
+    return None
+
+
+def goodput_table(rounds: dict[str, dict[str, dict]], key: str = "goodput_rps") -> list[str]:
+    """Lines: per workload and rate, each side's per-round goodput (`key` of each sweep point),
+    median, and the goal."""
     lines = []
     presets = sorted({p for sides in rounds.values() for res in sides.values() for p in res})
     for preset in presets:
@@ -47,9 +77,9 @@ def goodput_table(rounds: dict[str, dict[str, dict]]) -> list[str]:
         for rate in rates:
             medians, cells = {}, []
             for side in SIDES:
-                vals = [pt["goodput_rps"] for sides in rounds.values()
+                vals = [pt[key] for sides in rounds.values()
                         for pt in sides.get(side, {}).get(preset, {}).get("points", [])
-                        if pt["rate"] == rate]
+                        if pt["rate"] == rate and pt.get(key) is not None]
                 medians[side] = statistics.median(vals) if vals else None
                 per_round = "/".join(f"{v:.2f}" for v in vals)
                 med = "-" if medians[side] is None else f"{medians[side]:.2f}"
@@ -81,7 +111,9 @@ def main() -> None:
     if not rounds:
         sys.exit(f"no results under {out}")
     print(f"goodput req/s per round (median) - {len(rounds)} round(s) under {out}")
-    print("\n".join(goodput_table(rounds) + prediction_table(rounds)))
+    print("\n".join(goodput_table(rounds)))
+    print("\ngoodput with every gap between two tokens within the TPOT target")
+    print("\n".join(goodput_table(rounds, "goodput_every_gap_rps") + prediction_table(rounds)))
 
 
 if __name__ == "__main__":

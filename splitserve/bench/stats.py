@@ -4,6 +4,11 @@ Goodput follows DistServe: the requests per second that completed *and* met both
 TTFT <= ttft_ms and TPOT <= tpot_ms (the boundary counts as met). A request with one output
 token has no TPOT and is judged on TTFT alone. A failed request never meets the SLO.
 Attainment is the fraction of all requests sent (failed ones included) that met it.
+
+TPOT is a request's mean: one long gap between two of its tokens (a prefill chunk of another
+request beside its stream) hides in it. `goodput_every_gap_rps` also asks every gap to be
+within tpot_ms, which is what splitserve's disaggregation rule keeps (`router/policy.py`) and
+what an inter-token latency (ITL) target measures.
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ def percentiles(values: Iterable[float], scale: float = 1.0) -> dict[str, float 
     return dict(zip(keys, stats, strict=True))
 
 
-def meets_slo(r: RequestResult, slo: SLO) -> bool:
-    """True when `r` succeeded with TTFT and TPOT within the SLO (boundary included)."""
+def meets_slo(r: RequestResult, slo: SLO, every_gap: bool = False) -> bool:
+    """True when `r` succeeded with TTFT and TPOT within the SLO (boundary included); with
+    `every_gap`, also each gap between two of its tokens within tpot_ms."""
     if not r.ok or r.ttft_s is None or r.ttft_s > slo.ttft_ms / 1000:
         return False
     tpot = r.tpot_s
-    return tpot is None or tpot <= slo.tpot_ms / 1000
+    if tpot is not None and tpot > slo.tpot_ms / 1000:
+        return False
+    return not every_gap or all(gap <= slo.tpot_ms / 1000 for gap in r.itl_s)
 
 
 def latency_table(results: Sequence[RequestResult]) -> dict[str, dict[str, float | None]]:
@@ -69,6 +77,7 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO) -> 
     """The summary of one run (the body of `summary.json`, without the config)."""
     ok = [r for r in results if r.ok]
     met = sum(meets_slo(r, slo) for r in results)
+    met_every_gap = sum(meets_slo(r, slo, every_gap=True) for r in results)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     return {
@@ -88,6 +97,8 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO) -> 
             "met": met,
             "attainment": met / len(results) if results else 0.0,
             "goodput_rps": per_s(met),
+            "met_every_gap": met_every_gap,
+            "goodput_every_gap_rps": per_s(met_every_gap),
         },
     }
 
@@ -99,6 +110,7 @@ def sweep_point(rate: float, summary: dict[str, Any]) -> dict[str, Any]:
         "rate": rate,
         "attainment": summary["slo"]["attainment"],
         "goodput_rps": summary["slo"]["goodput_rps"],
+        "goodput_every_gap_rps": summary["slo"].get("goodput_every_gap_rps"),
         "throughput_rps": summary["throughput"]["requests_per_s"],
         "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
         "failed": summary["requests"]["failed"],

@@ -47,6 +47,16 @@ def test_slo_boundary_counts_as_met():
     assert meets_slo(result(ttft=0.2, e2e=0.6, out=9), SLO_)  # 200 ms, ~50 ms
 
 
+def test_every_gap_also_bounds_each_gap_between_two_tokens():
+    # mean TPOT 50 ms (met), but one gap of 120 ms: met on the mean, missed on every gap
+    stalled = result(ttft=0.1, e2e=0.5, out=9, itl=[0.04] * 7 + [0.12])
+    assert meets_slo(stalled, SLO_) and not meets_slo(stalled, SLO_, every_gap=True)
+    steady = result(ttft=0.1, e2e=0.5, out=9, itl=[0.05] * 8)
+    assert meets_slo(steady, SLO_, every_gap=True)
+    assert meets_slo(result(ttft=0.15, e2e=9.0, out=1), SLO_, every_gap=True)  # no gap
+    assert not meets_slo(result(ttft=0.3, itl=[0.01] * 8), SLO_, every_gap=True)
+
+
 def test_single_token_judged_on_ttft_and_failures_never_meet():
     assert meets_slo(result(ttft=0.15, e2e=9.0, out=1), SLO_)
     assert not meets_slo(result(ttft=0.25, e2e=0.3, out=1), SLO_)
@@ -69,6 +79,9 @@ def test_summary_goodput_attainment_throughput():
     assert s["slo"]["met"] == 2
     assert s["slo"]["attainment"] == pytest.approx(2 / 6)
     assert s["slo"]["goodput_rps"] == pytest.approx(1.0)
+    # the second request has no gaps recorded: every gap holds; the first's are all 50 ms
+    assert s["slo"]["met_every_gap"] == 2
+    assert s["slo"]["goodput_every_gap_rps"] == pytest.approx(1.0)
     assert s["throughput"]["requests_per_s"] == pytest.approx(2.0)
     assert s["throughput"]["output_tokens_per_s"] == pytest.approx(18.0)
     assert s["tokens"] == {"prompt": 16, "output": 36, "output_requested": 36}
