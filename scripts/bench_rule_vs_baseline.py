@@ -7,8 +7,8 @@ Per workload and rate: each side's goodput (requests/s meeting both SLOs) in eve
 median over rounds, and whether the rule's median is at least the better of the other two
 (issue 27's goal); then the same with every gap between two tokens of a request within the TPOT
 target (`goodput_every_gap_rps`, `splitserve.bench.stats`: what the rule keeps; recounted from
-each run's requests.jsonl where its summary predates the figure). Then, per rate and path, the rule's measured / predicted TTFT: the median
-ratio and the share of requests within 25 %; a share of at least half is a median absolute
+each run's requests.jsonl where its summary predates the figure). Then, per rate and path, the
+rule's measured / predicted TTFT: the median ratio and the share of requests within 25 %; a share of at least half is a median absolute
 error within 25 % (the goal on the CPU workloads).
 """
 
@@ -19,8 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from splitserve.bench.results import RequestResult
-from splitserve.bench.stats import SLO, meets_slo
+from splitserve.bench.report import rate_dir_name, read_requests
+from splitserve.bench.stats import SLO, summarize
 
 SIDES = {"rule": "candidate-conditional", "colocated": "candidate-colocated",
          "baseline": "baseline"}
@@ -48,20 +48,14 @@ def load(out: Path) -> dict[str, dict[str, dict]]:
 
 
 def recount_every_gap(runs: Path, rate: float, slo: SLO) -> float | None:
-    """Goodput with every gap within the TPOT target of the run at `rate` under `runs` (its
-    rate-*/ folder: summary.json for the duration, requests.jsonl); None when absent."""
-    for folder in runs.glob("rate-*"):
-        summary_file, requests_file = folder / "summary.json", folder / "requests.jsonl"
-        if not summary_file.exists() or not requests_file.exists():
-            continue
-        summary = json.loads(summary_file.read_text())
-        if summary["config"]["rate"] != rate:
-            continue
-        results = [RequestResult.from_json(json.loads(line))
-                   for line in requests_file.read_text().splitlines() if line.strip()]
-        met = sum(meets_slo(r, slo, every_gap=True) for r in results)
-        return met / summary["duration_s"] if summary["duration_s"] > 0 else 0.0
-    return None
+    """Goodput with every gap within the TPOT target of the run at `rate` under `runs`, from
+    its folder's summary.json (the duration) and requests.jsonl; None when they are absent."""
+    folder = runs / rate_dir_name(rate)
+    summary_file, requests_file = folder / "summary.json", folder / "requests.jsonl"
+    if not summary_file.exists() or not requests_file.exists():
+        return None
+    duration = json.loads(summary_file.read_text())["duration_s"]
+    return summarize(read_requests(requests_file), duration, slo)["slo"]["goodput_every_gap_rps"]
 
 
 def goodput_table(rounds: dict[str, dict[str, dict]], key: str = "goodput_rps") -> list[str]:

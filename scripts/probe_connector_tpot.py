@@ -33,7 +33,7 @@ Each stream count also reports the mean TTFT of its streams (all start together:
 ones queue behind the earlier ones' prefills), e.g. with long prompts:
 
     .venv/bin/python scripts/probe_connector_tpot.py --variants plain,tier \
-        --prompt-len 1024 --output-len 32 --streams 1,8 --rounds 2
+        --prompt-len 1024 --output-len 32 --streams 1,8 --rounds 3
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ UCX_HOOKS_OFF = {"UCX_MEM_MALLOC_HOOKS": "no", "UCX_MEM_MMAP_HOOK_MODE": "none"}
 VARIANT_ENV: dict[str, dict[str, str] | None] = {
     "plain": None, "nixl": {}, "nixl-hooks-off": UCX_HOOKS_OFF,
     "nixl-tls-tcp": {"UCX_TLS": "tcp,self"},  # (UCX_TLS=sm,self: the engine fails to start)
-    "tier": {},  # vLLM's OffloadingConnector, 1 GiB of host memory (`kv_tier.medium: cpu`)
 }
-VARIANTS = tuple(VARIANT_ENV)
+# `tier`: vLLM's OffloadingConnector, 1 GiB of host memory (`kv_tier.medium: cpu`), no NIXL
+VARIANTS = (*VARIANT_ENV, "tier")
 PROCESSES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
@@ -127,7 +127,7 @@ async def _measure(variant: str, args: argparse.Namespace) -> dict[int, dict[str
         from splitserve.kv_transfer.tier import tier_transfer_config
 
         kwargs["kv_transfer_config"] = KVTransferConfig(**tier_transfer_config("cpu", 1.0))
-    elif VARIANT_ENV[variant] is not None:
+    elif VARIANT_ENV[variant] is not None:  # a NIXL variant
         os.environ.update(nixl_env("127.0.0.1", 15600))
         os.environ.update(VARIANT_ENV[variant])
         kwargs["kv_transfer_config"] = KVTransferConfig(
@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     print("streams  " + "  ".join(f"{v:>32}" for v in variants))
     for s in runs[variants[0]][0]:
         print(f"{s:>7}  " + "  ".join(
-            f"{med(v, s, 'ttft_ms'):7.1f} /{med(v, s, 'tpot_ms'):6.1f} /{med(v, s, 'core_cpu_ms_per_token'):6.2f} /"
+            f"{med(v, s, 'ttft_ms'):7.1f} /{med(v, s, 'tpot_ms'):6.1f} /"
+            f"{med(v, s, 'core_cpu_ms_per_token'):6.2f} /"
             f"{med(v, s, 'worker_cpu_ms_per_token'):6.2f}" for v in variants))
     return 0
 
