@@ -46,7 +46,7 @@ class PoolController:
         from splitserve.logs import configure_logging
 
         cfg = SplitserveConfig.model_validate(config)
-        configure_logging(cfg.observability.log_format)
+        configure_logging(cfg.observability.log_format, cfg.observability.log_level)
         self.spec = control_spec_for_config(cfg)
         self.pools = tuple(cfg.deployed_pools())
         self.actuator = ServePoolActuator(app_name, self.pools)

@@ -113,7 +113,7 @@ class Router:
     def __init__(self, cfg: SplitserveConfig, pools: dict[str, Any]) -> None:
         """`pools`: {model name: {role: handle}} (or one model's {role: handle})."""
         self.cfg = cfg
-        configure_logging(cfg.observability.log_format)
+        configure_logging(cfg.observability.log_format, cfg.observability.log_level)
         self.metrics = RouterMetrics()
         primary = cfg.model_views()[0]
         self.tenancy = Tenancy.from_config(primary, registry=self.metrics.registry)

@@ -43,8 +43,9 @@ from splitserve.router.policy import (
     Prediction,
     PrefillPath,
     Targets,
-    decide,
+    choose,
     pool_views,
+    predict,
 )
 from splitserve.router.retry import (
     classify,
@@ -251,9 +252,19 @@ class Dispatcher:
         cached = {pool: self.cached_tokens(pool, blocks) for pool in ("prefill", "decode")}
         views = pool_views(load, costs[0], costs[1], cached)
         output = req.sampling.max_tokens or self.calibration.stream_tokens or DEFAULT_OUTPUT
-        choice = decide(n_prompt, views["prefill"], views["decode"], handoff, self.targets,
-                        hop_s=self.calibration.hop_s, output_tokens=output,
-                        stream_tokens=self.calibration.stream_tokens)
+        predictions = predict(n_prompt, views["prefill"], views["decode"], handoff,
+                              hop_s=self.calibration.hop_s, output_tokens=output,
+                              stream_tokens=self.calibration.stream_tokens)
+        choice = choose(predictions, self.targets)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request %s (%d prompt tokens, %d out): %s; %s; load %s; cached %s; "
+                      "hop %.1f ms; handoff %.1f + %.3f ms/token; steps %s", req.request_id,
+                      n_prompt,
+                      output, choice.path.value, "; ".join(
+                          f"{p.path.value} TTFT {1e3 * p.ttft_s:.1f} gap {1e3 * p.gap_s:.1f} "
+                          f"TPOT {1e3 * p.tpot_s:.1f} ms" for p in predictions),
+                      load, cached, 1e3 * self.calibration.hop_s, 1e3 * handoff.fixed_s,
+                      1e3 * handoff.per_token_s, costs)
         return choice.path, choice
 
     def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
@@ -293,9 +304,6 @@ class Dispatcher:
             if predicted is not None:
                 span.set_attributes({PREDICTED_TTFT: predicted.ttft_s,
                                      PREDICTED_TPOT: predicted.tpot_s})
-        if predicted is not None:
-            log.debug("request %s: %s, predicted TTFT %.1f ms, TPOT %.1f ms", req.request_id,
-                      path.value, 1e3 * predicted.ttft_s, 1e3 * predicted.tpot_s)
         parent = self.tracing.context_of(span)
         start = time.perf_counter()
         try:

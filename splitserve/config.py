@@ -681,6 +681,11 @@ class ObservabilityConfig(_Strict):
     log_format: Literal["text", "json"] = Field(
         "text", description="`json`: every splitserve log record is one JSON object per line.",
     )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="The least severe splitserve record logged. `DEBUG` adds one line "
+        "per disaggregation decision: each path's predicted TTFT, longest token gap and mean "
+        "TPOT, and the pool load the rule saw.",
+    )
     request_log: bool = Field(
         True, description="One log line per finished request (logger `splitserve.requests`): "
         "trace id, tenant, outcome, token counts and timings.",

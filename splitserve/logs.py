@@ -67,9 +67,10 @@ def _text_value(value: Any) -> str:
     return json.dumps(text) if (not text or any(c in text for c in ' "=\n')) else text
 
 
-def configure_logging(fmt: Literal["text", "json"] = "text", level: int = logging.INFO) -> None:
-    """Send the `splitserve` loggers to the current stderr in `fmt`; calling again replaces the
-    handler (never two)."""
+def configure_logging(fmt: Literal["text", "json"] = "text", level: int | str = logging.INFO
+                      ) -> None:
+    """Send the `splitserve` loggers at `level` and above (a number or a name such as "DEBUG")
+    to the current stderr in `fmt`; calling again replaces the handler (never two)."""
     logger = logging.getLogger(ROOT)
     for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
         logger.removeHandler(old)

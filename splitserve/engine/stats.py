@@ -88,6 +88,7 @@ class LatestStats:
                         arrived_s=time.monotonic(),
                         busy_after=scheduler_stats.num_running_reqs
                         + scheduler_stats.num_waiting_reqs > 0,
+                        prefill_requests=details.num_ctx_requests,
                     )
                 pcs = scheduler_stats.prefix_cache_stats
                 holder.prefix_queries += getattr(pcs, "queries", 0)

@@ -94,12 +94,23 @@ class StepTimer:
 
     def observe(
         self, iteration: int, seqs: int, prefill_tokens: int, elapsed_s: float,
-        *, arrived_s: float, busy_after: bool,
+        *, arrived_s: float, busy_after: bool, prefill_requests: int = 0,
     ) -> None:
-        """One step's record: vLLM's iteration index and details, when it arrived (a monotonic
-        clock) and whether requests were left running or waiting after it."""
-        self.exec_fit.observe(seqs, prefill_tokens, elapsed_s)
+        """One step's record: vLLM's iteration index and details (`prefill_requests`: its
+        requests in their prompt phase, vLLM's context requests), when it arrived (a monotonic
+        clock) and whether requests were left running or waiting after it.
+
+        A step whose prompt-phase requests schedule one token each is left out of the fits: its
+        prompts were not computed here but loaded (a KV connector's handoff, which recomputes
+        only the last token) or found cached. Its time is the connector's work, which the
+        router measures as the handoff's latency; counted as prefill, one token would carry
+        the whole of it, and a decode engine's per-token cost would come out tens of times
+        its true prefill cost (CPU, 2026-12-06: 2.6 ms/token against the prefill engine's
+        0.08), so that a short prompt never looked cheap to prefill on decode."""
         last, self._last = self._last, (iteration, arrived_s, busy_after)
+        if prefill_requests and prefill_tokens <= prefill_requests:
+            return
+        self.exec_fit.observe(seqs, prefill_tokens, elapsed_s)
         if last is not None and iteration == last[0] + 1 and last[2]:
             self.overhead_fit.observe(seqs, prefill_tokens, arrived_s - last[1] - elapsed_s,
                                       signed=True)

@@ -97,7 +97,7 @@ def _engine_processes(tree: dict[int, psutil.Process]) -> list[str]:
     replicas = {pid for pid, name in _left(tree).items()
                 if "ServeReplica:splitserve:decode" in name}
     found = []
-    for pid, p in tree.items():
+    for p in tree.values():
         try:
             if p.ppid() in replicas:
                 line = f"{p.name()} {' '.join(p.cmdline())}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -153,6 +154,22 @@ def test_cold_start_takes_the_remote_path_and_measures_it():
         await _drain(d, _req(1000, 2), [])  # now the rule decides, and its prediction is scored
         assert metrics.registry.get_sample_value(
             "splitserve_ttft_prediction_ratio_count", {"path": "local"}) == 1
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_at_debug_each_decision_logs_every_paths_prediction_and_the_load(caplog):
+    async def run():
+        d, prefill, decode, _ = _setup(tpot_slo_s=0.1)
+        prefill.release.set()
+        decode.release.set()
+        with caplog.at_level(logging.DEBUG, logger="splitserve.router"):
+            await _drain(d, _req(1000, 1), [])
+        [line] = [r.getMessage() for r in caplog.records if "prompt tokens" in r.getMessage()]
+        assert line.startswith("request cmpl-1 (1000 prompt tokens, 2 out): local; ")
+        # local: 1000 tokens x 0.1 ms + one step's 1 ms, then its stream alone, 1 + 1 ms a step
+        assert "local TTFT 101.0 gap 2.0 TPOT 2.0 ms" in line, line
+        assert "remote TTFT " in line and "offload TTFT " in line and "decode_streams=0" in line
 
     asyncio.run(asyncio.wait_for(run(), 10))
 

@@ -71,3 +71,40 @@ def test_without_back_to_back_steps_the_cost_is_the_execution_alone():
     timer = StepTimer()
     _run_steps(timer, random.Random(2), overhead_s=lambda seqs: 0.002, idle_every=1)
     assert timer.coefficients() == timer.exec_fit.coefficients()
+
+
+def _decode_engine(timer: StepTimer, rng: random.Random, *, local_every: int = 0) -> None:
+    """A decode engine's back-to-back steps: decodes of 1-16 sequences (5 ms + 0.4 ms each),
+    every fifth step also admitting a handed-off request (one prompt-phase request scheduling
+    its last token, 3 ms of connector work), and with `local_every` a 128-token prompt
+    prefilled here every that many steps (0.07 ms a token)."""
+    clock = 0.0
+    for i in range(800):
+        seqs = rng.randint(1, 16)
+        tokens, requests, extra = 0, 0, 0.0
+        if i % 5 == 0:
+            tokens, requests, extra = 1, 1, 0.003
+        elif local_every and i % local_every == 1:
+            tokens, requests = 128, 1
+        run = 0.005 + 0.0004 * seqs + 7e-5 * tokens + extra
+        clock += run
+        timer.observe(i, seqs, tokens, run, arrived_s=clock, busy_after=True,
+                      prefill_requests=requests)
+
+
+def test_a_handoffs_one_token_admission_is_not_prefill_work():
+    """A decode engine that only receives handed-off prompts shows no per-token cost (the
+    router takes the prefill pool's), and its connector's admission work does not inflate
+    one it does show: the cost of a 128-token local prefill is the one its local prefills
+    took."""
+    only_handoffs = StepTimer()
+    _decode_engine(only_handoffs, random.Random(3))
+    step, per_seq, per_token = only_handoffs.coefficients()
+    assert per_token is None
+    assert step == pytest.approx(0.005, rel=0.05) and per_seq == pytest.approx(4e-4, rel=0.05)
+
+    mixed = StepTimer()
+    _decode_engine(mixed, random.Random(4), local_every=7)
+    step, per_seq, per_token = mixed.coefficients()
+    assert per_token == pytest.approx(7e-5, rel=0.05)
+    assert step == pytest.approx(0.005, rel=0.05)
