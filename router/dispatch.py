@@ -311,6 +311,7 @@ class Dispatcher:
             # prefilled (its gate answers 429/503 before any prefill starts).
             async with self.tracing.admit(self.tenancy, path.pool, tenant, n_prompt,
                                           parent) as ticket:
+                admitted = time.perf_counter()
                 handed_at, held = None, None
                 try:
                     if path.remote:
@@ -331,7 +332,8 @@ class Dispatcher:
                                 held = None
                             if first and chunk.token_ids:
                                 first = False
-                                self._first_token(path, predicted, start, handed_at, pulled)
+                                self._first_token(path, predicted, start, handed_at, pulled,
+                                                  req.request_id, admitted)
                             yield chunk
                 finally:
                     if held is not None and self.reservations is not None:
@@ -404,10 +406,16 @@ class Dispatcher:
         return req, time.perf_counter()
 
     def _first_token(self, path: PrefillPath, predicted: Prediction | None, start: float,
-                     handed_at: float | None, pulled: int) -> None:
+                     handed_at: float | None, pulled: int, request_id: str = "",
+                     admitted: float | None = None) -> None:
         """Measure what the first token shows: the handoff's latency (remote), and how far the
-        rule's prediction was from the TTFT it got."""
+        rule's prediction was from the TTFT it got (at DEBUG, logged with the admission
+        gate's part of it)."""
         now = time.perf_counter()
+        if predicted is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug("request %s: %s, first token after %.1f ms (%.1f at the admission gate), "
+                      "predicted %.1f ms", request_id, path.value, 1e3 * (now - start),
+                      1e3 * ((admitted or start) - start), 1e3 * predicted.ttft_s)
         if handed_at is not None:
             # the handoff is what came before decode's step that made the token
             decode = self.calibration.engine_cost("decode", "prefill")
