@@ -102,10 +102,15 @@ class DecodeReservations:
             async def on_its_loop() -> RoomView | None:
                 return source.room_view(req)
 
+            ask = on_its_loop()
             try:
-                asked = asyncio.run_coroutine_threadsafe(on_its_loop(), loop)
+                asked = asyncio.run_coroutine_threadsafe(ask, loop)
+            except RuntimeError:  # its loop is closed: the coroutine never runs
+                ask.close()
+                return None
+            try:
                 view = await asyncio.wait_for(asyncio.wrap_future(asked), VIEW_TIMEOUT_S)
-            except (TimeoutError, RuntimeError):  # stuck, or closed
+            except (TimeoutError, RuntimeError):  # stuck, or closed meanwhile
                 return None
         return view if view is not None and view.rooms else None
 
