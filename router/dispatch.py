@@ -258,9 +258,8 @@ class Dispatcher:
         choice = choose(predictions, self.targets)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request %s (%d prompt tokens, %d out): %s; %s; load %s; cached %s; "
-                      "hop %.1f ms; handoff %.1f + %.3f ms/token; steps %s", req.request_id,
-                      n_prompt,
-                      output, choice.path.value, "; ".join(
+                      "hop %.1f ms; handoff %.1f + %.3f ms/token; steps %s",
+                      req.request_id, n_prompt, output, choice.path.value, "; ".join(
                           f"{p.path.value} TTFT {1e3 * p.ttft_s:.1f} gap {1e3 * p.gap_s:.1f} "
                           f"TPOT {1e3 * p.tpot_s:.1f} ms" for p in predictions),
                       load, cached, 1e3 * self.calibration.hop_s, 1e3 * handoff.fixed_s,
@@ -406,8 +405,8 @@ class Dispatcher:
         return req, time.perf_counter()
 
     def _first_token(self, path: PrefillPath, predicted: Prediction | None, start: float,
-                     handed_at: float | None, pulled: int, request_id: str = "",
-                     admitted: float | None = None) -> None:
+                     handed_at: float | None, pulled: int, request_id: str,
+                     admitted: float) -> None:
         """Measure what the first token shows: the handoff's latency (remote), and how far the
         rule's prediction was from the TTFT it got (at DEBUG, logged with the admission
         gate's part of it)."""
@@ -415,7 +414,7 @@ class Dispatcher:
         if predicted is not None and log.isEnabledFor(logging.DEBUG):
             log.debug("request %s: %s, first token after %.1f ms (%.1f at the admission gate), "
                       "predicted %.1f ms", request_id, path.value, 1e3 * (now - start),
-                      1e3 * ((admitted or start) - start), 1e3 * predicted.ttft_s)
+                      1e3 * (admitted - start), 1e3 * predicted.ttft_s)
         if handed_at is not None:
             # the handoff is what came before decode's step that made the token
             decode = self.calibration.engine_cost("decode", "prefill")
