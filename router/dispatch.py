@@ -62,6 +62,7 @@ from splitserve.router.routing.reservations import (
     pool_reservations,
 )
 from splitserve.router.signals import SignalRecorder
+from splitserve.router.streams import relayed
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
 from splitserve.router.tenancy.admission import TIMEOUT_RETRY_AFTER_S, Ticket
 from splitserve.router.tenancy.errors import queue_timeout
@@ -509,9 +510,12 @@ class Dispatcher:
         Closing the iterator cancels the worker request."""
         n_out, kv_bytes, last, first, first_ns, engine_ttft = 0, 0, None, None, None, None
         sent = time.perf_counter()
-        gen = self.pools[pool].options(stream=True).generate.remote(engine_request(req))
+        call = engine_request(req)
+        if self.streaming.transport == "http":
+            call = dataclasses.replace(call, http_stream=True)
+        gen = self.pools[pool].options(stream=True).generate.remote(call)
         try:
-            async for chunk in gen:
+            async for chunk in relayed(gen):
                 if chunk.kv_bytes:
                     kv_bytes += chunk.kv_bytes
                     self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)

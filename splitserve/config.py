@@ -300,6 +300,13 @@ class StreamingConfig(_Strict):
         8, ge=1,
         description="Up to this many streams per engine replica, every token is its own chunk.",
     )
+    transport: Literal["http", "ray"] = Field(
+        "http",
+        description="How a response's chunks reach the router from the engine replica: 'http', "
+        "one HTTP response per request from the replica's stream server "
+        "(splitserve/engine/stream_server.py; the replica listens on the address its peers "
+        "reach it at); 'ray', one Ray object per chunk (more host CPU per token).",
+    )
 
 
 class RouterConfig(_Strict):

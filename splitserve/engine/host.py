@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from splitserve.engine import faults, vllm_server
+from splitserve.engine import faults, frames, vllm_server
 from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec, engine_env, engine_kwargs
 from splitserve.engine.messages import (
     EngineStats,
@@ -36,6 +36,7 @@ from splitserve.engine.messages import (
 )
 from splitserve.engine.stats import LatestStats, RequestTransfer
 from splitserve.engine.step_cost import DropIterationLines
+from splitserve.engine.stream_server import StreamServer
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.kv_transfer.tier import engine_transfer_config, tier_transfer_config
@@ -143,6 +144,9 @@ class EngineHost:
         self.engine = self._build_engine(model.model, model.revision)
         self._app: Any = None  # vLLM's OpenAI server over the engine (built on first use)
         self._app_lock = asyncio.Lock()
+        # Where responses stream to the router (started on first use, in the serving loop)
+        self._stream_host = spec.kv_host or ray.util.get_node_ip_address()
+        self._streams: StreamServer | None = None
         self.kv_block_bytes = kv_block_bytes(self.engine.vllm_config)
         self.kv_capacity_tokens = kv_capacity_tokens(self.engine.vllm_config)
         self.chunk_tokens = self.engine.vllm_config.scheduler_config.max_num_batched_tokens
@@ -201,6 +205,40 @@ class EngineHost:
                 if self._app is None:
                     self._app = await vllm_server.build_app(self.engine, self._frontend_args)
         return self._app
+
+    async def _stream_server(self) -> StreamServer:
+        """This replica's stream server (started once, on first use)."""
+        if self._streams is None:
+            async with self._app_lock:
+                if self._streams is None:
+                    server = StreamServer(self._stream_host)
+                    await server.start()
+                    log.info("%s: streaming responses from %s", self._holder, server.base_url)
+                    self._streams = server
+        return self._streams
+
+    async def _over_http(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
+        """`chunks` sent as frames on a stream of this replica's stream server: yields the
+        stream's address, then, once the router read the stream to its end, the last chunk's
+        figures (no tokens, no bytes). A failure cuts the stream (no end frame) and is raised."""
+        server = await self._stream_server()
+        url, slot = server.open()
+        try:
+            yield GenerateChunk((), "", replica=self._holder, stream_url=url)
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    slot.put(frames.encode_chunk(chunk))
+                    if chunk.finish_reason is None:
+                        continue
+                    slot.put(frames.encode_end())
+                    slot.close()
+                    if not await slot.delivered():
+                        log.warning("%s: no reader came for the stream of a request",
+                                    self._holder)
+                    yield dataclasses.replace(chunk, token_ids=(), data=b"",
+                                              engine_ttft_s=None)
+        finally:
+            server.discard(url)
 
     async def serve_http(self, call: HTTPCall) -> AsyncIterator[GenerateChunk]:
         """Forward `call` to vLLM's server (no engine hooks: `/tokenize`, `/detokenize`,
@@ -333,8 +371,12 @@ class EngineHost:
         try:
             if self.spec.faults.active:
                 await self._inject_faults(req)
-            async for chunk in self._generate_http(req):
-                yield chunk
+            chunks = self._generate_http(req)
+            if req.http_stream:
+                chunks = self._over_http(chunks)
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
             if req.lora is not None:  # the engine may have loaded it just now
                 self._loaded_loras = sorted(await self.engine.list_loras())
         except RequestRejected:
@@ -445,9 +487,11 @@ class EngineHost:
 
     async def health(self) -> dict:
         """For the router's /health: raises like check_health, else a short status. The first
-        call also builds vLLM's server, so that no request waits for it."""
+        call also builds vLLM's server and starts the stream server, so that no request waits
+        for them."""
         await self.engine.check_health()
         await self._openai_app()
+        await self._stream_server()
         return {"role": self.spec.role, "replica": self._holder, "cores": self.cores}
 
     async def stats(self) -> EngineStats:

@@ -109,6 +109,11 @@ class GenerateRequest:
     pin_replica: ReplicaPin | None = None
     # Prefill request: the decode replica that will pull its KV (traces now; NIXL push later).
     decode_replica: str | None = None
+    # True: the response's bytes and tokens come over HTTP from the replica's stream server
+    # (`engine/stream_server.py`); the call yields the stream's address first
+    # (`GenerateChunk.stream_url`) and the request's figures last. False: every chunk is an item
+    # of the call.
+    http_stream: bool = False
 
     @classmethod
     def completion(
@@ -176,6 +181,9 @@ class GenerateChunk:
     # Last chunk: the engine's step cost as fitted from its own steps (`StepCost`; None until
     # it has stepped), for the router's disaggregation rule.
     engine_cost: StepCost | None = None
+    # First item of a call with `GenerateRequest.http_stream`: where to read the response
+    # (`engine/frames.py`); nothing else is set on it but `replica`.
+    stream_url: str | None = None
 
 
 @dataclass(frozen=True)

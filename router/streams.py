@@ -1,0 +1,132 @@
+"""Read a worker call's response from the engine replica's stream server instead of its items.
+
+A call made with `GenerateRequest.http_stream` yields the address of its response's stream
+first (`GenerateChunk.stream_url`), then, after the stream's end, the request's figures
+(`engine/stream_server.py`). `relayed` turns such a call back into the chunks a call without it
+yields, so that the dispatcher reads both alike: the frames of the stream (`engine/frames.py`),
+then the call's last item. Frames that arrived together come as one chunk.
+
+A stream that stops without its end frame was cut: the replica failed, or the request was
+cancelled there. The call then says why (its error is raised); a call that ends without an
+error after a cut stream raises `WorkerError` naming the replica, which the dispatcher treats
+as the replica's failure (a decode migration, when nothing was relayed yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from splitserve.engine.frames import FrameDecoder, FrameError
+from splitserve.engine.messages import GenerateChunk, WorkerError
+
+log = logging.getLogger("splitserve.router")
+
+# Waiting for a stream server to accept the connection (a replica that does not is failing).
+CONNECT_TIMEOUT_S = 10.0
+# What one read of a stream asks for at most.
+READ_BYTES = 1 << 16
+
+
+class StreamCut(Exception):
+    """A stream ended before its end frame (`reachable`: the replica's server answered)."""
+
+    def __init__(self, message: str, *, reachable: bool) -> None:
+        super().__init__(message)
+        self.reachable = reachable
+
+
+class StreamClient:
+    """The router process's HTTP client of the engine replicas' stream servers (one aiohttp
+    session per event loop, its connections kept open between requests)."""
+
+    def __init__(self) -> None:
+        self._session: Any = None
+
+    def _client(self):  # -> aiohttp.ClientSession
+        if self._session is None or self._session.closed:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def chunks(self, url: str, replica: str) -> AsyncIterator[GenerateChunk]:
+        """The chunks of the stream at `url`, sent by `replica`; raises `StreamCut` when it
+        ends before its end frame."""
+        import aiohttp
+
+        decoder = FrameDecoder(replica)
+        try:
+            async with self._client().get(url) as response:
+                try:
+                    if response.status != 200:
+                        raise StreamCut(f"the stream answered {response.status}",
+                                        reachable=True)
+                    content = response.content
+                    while True:
+                        data = await content.read(READ_BYTES)
+                        if not data:
+                            break
+                        decoded = decoder.feed(data)
+                        for chunk in decoded.chunks:
+                            yield chunk
+                        if decoded.ended:
+                            return
+                finally:
+                    if not decoder.ended:  # closed early: the replica's handler sees it go
+                        response.close()
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+            raise StreamCut(f"{type(err).__name__}: {err}",
+                            reachable=decoder.ended or not isinstance(
+                                err, aiohttp.ClientConnectorError)) from None
+        except FrameError as err:
+            raise StreamCut(str(err), reachable=True) from None
+        raise StreamCut("the stream ended before its end frame", reachable=True)
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+_CLIENTS: dict[int, StreamClient] = {}
+
+
+def stream_client() -> StreamClient:
+    """The stream client of the running event loop (one per router process in practice)."""
+    loop = id(asyncio.get_running_loop())
+    client = _CLIENTS.get(loop)
+    if client is None:
+        client = _CLIENTS[loop] = StreamClient()
+    return client
+
+
+async def relayed(call: Any, client: StreamClient | None = None) -> AsyncIterator[GenerateChunk]:
+    """The chunks of worker `call` (a Serve streaming response of `GenerateChunk`s): items as
+    they come, and a streamed response's chunks read from its stream in their place.
+
+    The caller still owns `call` (cancels it when it closes this iterator early).
+    """
+    async for item in call:
+        if item.stream_url is None:
+            yield item
+            continue
+        reader = client or stream_client()
+        try:
+            async for chunk in reader.chunks(item.stream_url, item.replica):
+                yield chunk
+            continue
+        except StreamCut as cut:
+            if not cut.reachable:  # the replica's server is not there: its call cannot help
+                raise WorkerError(item.replica.split("#")[-1],
+                                  f"its response stream is unreachable ({cut})") from None
+            failure = cut
+        # The replica ended the stream: its call ends too, with the reason if it failed.
+        async for _ in call:
+            pass
+        raise WorkerError(item.replica.split("#")[-1], f"its response stream was cut ({failure})")

@@ -1,0 +1,215 @@
+"""Responses streamed from an engine replica to the router over HTTP (issue #26): the frames,
+the replica's stream server and the router's reader, with a real aiohttp server and client on
+127.0.0.1 (the worker call around them is a plain async generator: no Ray, no engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from splitserve.router.streams import StreamClient, relayed
+
+from splitserve.engine import frames
+from splitserve.engine.messages import GenerateChunk, RequestRejected, WorkerError
+from splitserve.engine.stream_server import StreamServer
+
+REPLICA = "SplitserveDecode#abc123"
+
+
+def in_loop(test):
+    """Run the coroutine function `test` as a plain test (its own event loop)."""
+    def run() -> None:
+        asyncio.run(test())
+    run.__name__ = test.__name__
+    return run
+
+
+def test_frames_round_trip_in_pieces_of_any_size():
+    parts = [
+        GenerateChunk((), "", status=200, headers=(("content-type", "text/event-stream"),)),
+        GenerateChunk((7, 70000), "", data=b"data: {\"a\": 1}\n\n", engine_ttft_s=0.25),
+        GenerateChunk((8,), "", data=b"data: {\"b\": 2}\n\n"),
+        GenerateChunk((9,), ""),  # tokens before a response that is not streamed began
+    ]
+    wire = b"".join(frames.encode_chunk(c) for c in parts) + frames.encode_end()
+    for size in (1, 3, 17, len(wire)):
+        decoder, got = frames.FrameDecoder(REPLICA), []
+        for i in range(0, len(wire), size):
+            decoded = decoder.feed(wire[i:i + size])
+            got.extend(decoded.chunks)
+        assert decoded.ended
+        tokens = tuple(t for c in got for t in c.token_ids)
+        assert tokens == (7, 70000, 8, 9)
+        assert b"".join(c.data for c in got) == b"".join(c.data for c in parts)
+        assert got[0].status == 200 and got[0].headers == parts[0].headers
+        assert [c.engine_ttft_s for c in got if c.engine_ttft_s is not None] == [0.25]
+        assert all(c.replica == REPLICA for c in got)
+
+
+def test_frames_that_arrive_together_are_one_chunk():
+    wire = (frames.encode_start(200, ()) + frames.encode_data((1,), b"a", None)
+            + frames.encode_data((2, 3), b"bc", 0.5) + frames.encode_end())
+    decoded = frames.FrameDecoder().feed(wire)
+    assert [c.status for c in decoded.chunks] == [200, None]
+    merged = decoded.chunks[1]
+    assert (merged.token_ids, merged.data, merged.engine_ttft_s) == ((1, 2, 3), b"abc", 0.5)
+    assert decoded.ended
+
+
+def test_bytes_after_the_end_or_an_unknown_frame_are_errors():
+    with pytest.raises(frames.FrameError):
+        frames.FrameDecoder().feed(frames.encode_end() + frames.encode_end())
+    with pytest.raises(frames.FrameError, match="unknown frame kind 9"):
+        frames.FrameDecoder().feed(frames.HEADER.pack(9, 0, 0, 0.0))
+
+
+async def _worker(server: StreamServer, chunks: list[GenerateChunk], *, fail: Exception | None = None,
+                  gate: asyncio.Event | None = None, events: list[str] | None = None):
+    """A worker call as the engine replica makes it (`EngineHost._over_http`, without vLLM)."""
+    url, slot = server.open()
+    try:
+        yield GenerateChunk((), "", replica=REPLICA, stream_url=url)
+        for chunk in chunks:
+            if gate is not None:
+                await gate.wait()
+            slot.put(frames.encode_chunk(chunk))
+        if fail is not None:
+            await slot.connected.wait()  # what is queued still goes out to the reader
+            raise fail
+        slot.put(frames.encode_end())
+        slot.close()
+        assert await slot.delivered()
+        yield GenerateChunk((), "", finish_reason="length", replica=REPLICA, num_prompt_tokens=5)
+    finally:
+        server.discard(url)
+        if events is not None:
+            events.append("call closed")
+
+
+async def eager(gen):
+    """`gen` run ahead of its reader, as Ray runs a replica's streaming call: its items queue
+    up; closing this iterator cancels it (as cancelling the call does)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump():
+        try:
+            async for item in gen:
+                queue.put_nowait(item)
+            queue.put_nowait(done)
+        except Exception as err:  # noqa: BLE001 - handed to the reader
+            queue.put_nowait(err)
+        finally:
+            await gen.aclose()
+
+    task = asyncio.create_task(pump())
+    try:
+        while (item := await queue.get()) is not done:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def _serving():
+    server, client = StreamServer("127.0.0.1"), StreamClient()
+    await server.start()
+    try:
+        yield server, client
+    finally:
+        await client.close()
+        await server.stop()
+
+
+@in_loop
+async def test_a_stream_is_read_whole_and_the_figures_come_last():
+    body = [GenerateChunk((), "", status=200, headers=(("content-type", "text/event-stream"),)),
+            *(GenerateChunk((i,), "", data=f"data: {i}\n\n".encode()) for i in range(50))]
+    async with _serving() as (server, client):
+        got = [c async for c in relayed(eager(_worker(server, body)), client)]
+        assert got[0].status == 200
+        assert [t for c in got for t in c.token_ids] == list(range(50))
+        assert b"".join(c.data for c in got) == b"".join(c.data for c in body)
+        assert got[-1].finish_reason == "length" and got[-1].num_prompt_tokens == 5
+        assert all(c.stream_url is None for c in got)
+        assert server.open_streams == 0
+
+
+@in_loop
+async def test_a_failure_after_the_stream_began_is_the_calls_error():
+    rejected = RequestRejected("abc123", "bad grammar", status=400, body=b'{"error": {}}')
+    body = [GenerateChunk((1,), "", data=b"data: 1\n\n")]
+    async with _serving() as (server, client):
+        got = []
+        with pytest.raises(RequestRejected, match="bad grammar"):
+            async for chunk in relayed(eager(_worker(server, body, fail=rejected)), client):
+                got.append(chunk)
+        assert [c.token_ids for c in got] == [(1,)]
+        assert server.open_streams == 0
+
+
+@in_loop
+async def test_a_call_that_ends_without_the_streams_end_is_a_worker_error():
+    async def truncated():
+        async for item in _worker(server, [GenerateChunk((1,), "", data=b"x")]):
+            yield item
+            server.discard(item.stream_url or "")  # the stream cut, the call goes on
+            return
+
+    async with _serving() as (server, client):
+        with pytest.raises(WorkerError, match="stream was cut") as err:
+            async for _ in relayed(eager(truncated()), client):
+                pass
+        assert err.value.replica == "abc123"
+
+
+@in_loop
+async def test_an_unreachable_stream_server_is_a_worker_error_at_once():
+    async with _serving() as (server, client):
+        url, _ = server.open()
+        await server.stop()  # nothing listens at the address any more
+
+        async def call():
+            yield GenerateChunk((), "", replica=REPLICA, stream_url=url)
+            await asyncio.Event().wait()  # never ends: the reader must not wait for it
+
+        with pytest.raises(WorkerError, match="unreachable"):
+            async for _ in relayed(eager(call()), client):
+                pass
+
+
+@in_loop
+async def test_a_reader_that_leaves_early_ends_the_servers_response():
+    gate, events = asyncio.Event(), []
+    body = [GenerateChunk((i,), "", data=b"x") for i in range(10)]
+    async with _serving() as (server, client):
+        call = eager(_worker(server, body, gate=gate, events=events))
+        stream = relayed(call, client)
+        gate.set()
+        first = await anext(stream)
+        assert first.token_ids
+        await stream.aclose()  # the client left: the dispatcher closes the relay, then the call
+        await call.aclose()
+        assert events == ["call closed"] and server.open_streams == 0
+
+
+@in_loop
+async def test_a_stream_is_served_once():
+    async with _serving() as (server, client):
+        url, slot = server.open()
+        slot.put(frames.encode_end())
+        slot.close()
+        session = client._client()
+        async with session.get(url) as first:
+            assert first.status == 200
+            assert await first.read() == frames.encode_end()
+        async with session.get(url) as second:
+            assert second.status == 404
+        async with session.get(url.rsplit("/", 1)[0] + "/nope") as unknown:
+            assert unknown.status == 404
+        server.discard(url)
