@@ -495,13 +495,18 @@ class EngineHost:
         return {"role": self.spec.role, "replica": self._holder, "cores": self.cores}
 
     async def stats(self) -> EngineStats:
-        """The latest scheduler snapshot plus the live unfinished-request count."""
-        return self._stats.snapshot(
+        """The latest scheduler snapshot plus the live unfinished-request count and the
+        stream server's streams."""
+        snap = self._stats.snapshot(
             role=self.spec.role,
             replica=self._holder,
             num_unfinished=self.engine.get_num_unfinished_requests(),
             kv_capacity_tokens=self.kv_capacity_tokens,
         )
+        if self._streams is None:
+            return snap
+        return dataclasses.replace(snap, streams_opened=self._streams.opened,
+                                   open_streams=self._streams.open_streams)
 
     async def reset_prefix_cache(self) -> bool:
         """Drop this engine's cached prefix blocks (benchmarks and parity tests use it)."""

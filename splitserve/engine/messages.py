@@ -221,6 +221,10 @@ class EngineStats:
     # vLLM's source: "host" / "disk" loaded from the KV tier (config kv_tier), others (e.g.
     # "external_unspecified") came over the NIXL handoff. Counted since the engine started.
     kv_loaded_tokens: dict[str, int] = field(default_factory=dict)
+    # Responses sent over the replica's stream server (`engine/stream_server.py`): opened since
+    # the replica started, and those whose calls have not ended.
+    streams_opened: int = 0
+    open_streams: int = 0
 
 
 class WorkerError(RuntimeError):

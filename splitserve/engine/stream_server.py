@@ -84,6 +84,7 @@ class StreamServer:
         self.port = 0
         self._slots: dict[str, StreamSlot] = {}
         self._runner = None
+        self.opened = 0  # streams opened since the start
 
     async def start(self) -> None:
         """Bind a free port on `host` and start serving."""
@@ -109,6 +110,7 @@ class StreamServer:
     def open(self) -> tuple[str, StreamSlot]:
         """A new stream: its address, and the slot its frames go into."""
         stream_id = secrets.token_urlsafe(18)
+        self.opened += 1
         slot = self._slots[stream_id] = StreamSlot()
         return f"{self.base_url}/streams/{stream_id}", slot
 

@@ -316,10 +316,32 @@ def test_cancelled_stream_leaves_nothing_running(client):
     handle = serve.get_deployment_handle("decode", app_name="splitserve")
     for _ in range(50):
         stats = handle.stats.remote().result()
-        if stats.num_unfinished == 0:
+        if stats.num_unfinished == 0 and stats.open_streams == 0:
             break
         asyncio.run(asyncio.sleep(0.2))
     assert stats.num_unfinished == 0
+    assert stats.open_streams == 0  # the replica's stream of the response is gone too
+
+
+def test_a_response_streams_from_the_engine_replica_over_http(client):
+    """The default transport (`router.streaming.transport: http`): the response's bytes come
+    from the decode replica's stream server, one stream per request, none left open."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("decode", app_name="splitserve")
+    before = handle.stats.remote().result().streams_opened
+    ref = client.completions.create(model=MODEL, prompt="over http", max_tokens=8,
+                                    temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt="over http", max_tokens=8,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.choices[0].text
+    for _ in range(50):  # the replica forgets a stream just after its call's last item
+        stats = handle.stats.remote().result()
+        if stats.open_streams == 0:
+            break
+        asyncio.run(asyncio.sleep(0.2))
+    assert stats.streams_opened - before == 2
+    assert stats.open_streams == 0
 
 
 def test_a_bad_timeout_header_is_400(client):
