@@ -1,6 +1,7 @@
 """Foundation benchmark: start-up time to first token, and the router's added latency.
 
     .venv/bin/python scripts/bench_foundation.py [--requests 200] [--skip-startup]
+        [--set router.direct_ingress=true]
     .venv/bin/python scripts/bench_foundation.py --startup-compare 2   # start-up only, A/B
 
 1. Start-up: runs `make serve` on a free port (warm machine: venv and tiny model present) and
@@ -70,8 +71,10 @@ def bench_startup(env: dict[str, str] | None = None) -> dict:
     return {"make_serve_to_first_token_s": first_token}
 
 
-def bench_overhead(n: int, max_tokens_list: tuple[int, ...]) -> dict:
-    """Router vs direct engine latency, interleaved, sequential requests."""
+def bench_overhead(n: int, max_tokens_list: tuple[int, ...],
+                   overrides: dict | None = None) -> dict:
+    """Router vs direct engine latency, interleaved, sequential requests; `overrides`: dotted
+    config overrides of the colocated deployment (e.g. router.direct_ingress)."""
     from ray import serve
     from transformers import AutoTokenizer
 
@@ -79,7 +82,7 @@ def bench_overhead(n: int, max_tokens_list: tuple[int, ...]) -> dict:
 
     ids = AutoTokenizer.from_pretrained(build_tiny_model())(PROMPT)["input_ids"]
     results = {}
-    with running_deployment(test_config(mode="colocated")) as base:
+    with running_deployment(test_config(mode="colocated", **(overrides or {}))) as base:
         handle = serve.get_deployment_handle("decode", app_name="splitserve")
         for mt in max_tokens_list:
             results[f"max_tokens={mt}"] = asyncio.run(
@@ -108,6 +111,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--skip-startup", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dotted config override of the router-overhead deployment (YAML "
+                   "value), e.g. router.direct_ingress=true; repeatable")
     p.add_argument("--startup-compare", type=int, default=0, metavar="N",
                    help="only start-up: N rounds of forked vs spawned engine workers")
     args = p.parse_args()
@@ -118,7 +124,10 @@ def main() -> None:
     if not args.skip_startup:
         out["startup"] = bench_startup()
         print(f"make serve -> first token: {out['startup']['make_serve_to_first_token_s']:.1f} s")
-    out["router_overhead"] = bench_overhead(args.requests, (1, 16))
+    import yaml
+
+    overrides = {k: yaml.safe_load(v) for k, _, v in (i.partition("=") for i in args.set)}
+    out["router_overhead"] = bench_overhead(args.requests, (1, 16), overrides)
     print(f"{'case':<14}{'direct p50':>11}{'p99':>8}{'router p50':>12}{'p99':>8}"
           f"{'added p50':>11}{'p99':>8}  (ms)")
     for case, r in out["router_overhead"].items():
