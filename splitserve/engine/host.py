@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from splitserve.engine import faults, frames, vllm_server
+from splitserve.engine import faults, vllm_server
 from splitserve.engine.args import STRUCTURED_OUTPUTS, EngineSpec, engine_env, engine_kwargs
 from splitserve.engine.messages import (
     EngineStats,
@@ -36,7 +36,7 @@ from splitserve.engine.messages import (
 )
 from splitserve.engine.stats import LatestStats, RequestTransfer
 from splitserve.engine.step_cost import DropIterationLines
-from splitserve.engine.stream_server import StreamServer
+from splitserve.engine.stream_server import StreamServer, over_http
 from splitserve.kv_transfer.handoff import engine_kv_params
 from splitserve.kv_transfer.nixl import free_port_block, nixl_env, nixl_transfer_config
 from splitserve.kv_transfer.tier import engine_transfer_config, tier_transfer_config
@@ -217,29 +217,6 @@ class EngineHost:
                     self._streams = server
         return self._streams
 
-    async def _over_http(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:
-        """`chunks` sent as frames on a stream of this replica's stream server: yields the
-        stream's address, then, once the router read the stream to its end, the last chunk's
-        figures (no tokens, no bytes). A failure cuts the stream (no end frame) and is raised."""
-        server = await self._stream_server()
-        url, slot = server.open()
-        try:
-            yield GenerateChunk((), "", replica=self._holder, stream_url=url)
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    slot.put(frames.encode_chunk(chunk))
-                    if chunk.finish_reason is None:
-                        continue
-                    slot.put(frames.encode_end())
-                    slot.close()
-                    if not await slot.delivered():
-                        log.warning("%s: no reader came for the stream of a request",
-                                    self._holder)
-                    yield dataclasses.replace(chunk, token_ids=(), data=b"",
-                                              engine_ttft_s=None)
-        finally:
-            server.discard(url)
-
     async def serve_http(self, call: HTTPCall) -> AsyncIterator[GenerateChunk]:
         """Forward `call` to vLLM's server (no engine hooks: `/tokenize`, `/detokenize`,
         `/version`, ...): yields the response start, then its body parts."""
@@ -373,7 +350,7 @@ class EngineHost:
                 await self._inject_faults(req)
             chunks = self._generate_http(req)
             if req.http_stream:
-                chunks = self._over_http(chunks)
+                chunks = over_http(await self._stream_server(), chunks, self._holder)
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     yield chunk

@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import dataclasses
 import logging
 import secrets
 import socket
 from collections.abc import AsyncIterator
+
+from splitserve.engine import frames
+from splitserve.engine.messages import GenerateChunk
 
 log = logging.getLogger("splitserve.engine")
 
@@ -151,3 +156,27 @@ class StreamServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+async def over_http(
+    server: StreamServer, chunks: AsyncIterator[GenerateChunk], replica: str
+) -> AsyncIterator[GenerateChunk]:
+    """A worker call's `chunks` sent as frames on a new stream of `server`: yields the stream's
+    address, then, once the reader read the stream to its end, the last chunk's figures (no
+    tokens, no bytes). A failure cuts the stream (no end frame) and is raised; the stream is
+    forgotten however the call ends. `replica`: the replica's name, set on what it yields."""
+    url, slot = server.open()
+    try:
+        yield GenerateChunk((), "", replica=replica, stream_url=url)
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                slot.put(frames.encode_chunk(chunk))
+                if chunk.finish_reason is None:
+                    continue
+                slot.put(frames.encode_end())
+                slot.close()
+                if not await slot.delivered():
+                    log.warning("%s: no reader came for the stream of a request", replica)
+                yield dataclasses.replace(chunk, token_ids=(), data=b"", engine_ttft_s=None)
+    finally:
+        server.discard(url)

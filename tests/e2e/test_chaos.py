@@ -164,6 +164,10 @@ def _replica_loads() -> dict[str, tuple[int, float]]:
             stats = ray.get(actor.record_routing_stats.remote(), timeout=30)
         except (ray.exceptions.RayActorError, ValueError):
             continue  # the replica this test killed
+        except ray.exceptions.RayTaskError:
+            # a replica still starting (its replacement: Serve's status may count the killed
+            # one as running for a while), not counted until it answers
+            continue
         loads[name] = (stats["num_unfinished"], stats["kv_cache_usage"])
     return loads
 
@@ -176,7 +180,7 @@ def _wait_running(prefill: int = 2, timeout_s: float = 300) -> None:
         if all(
             states[p].get("RUNNING", 0) == n == sum(states[p].values())
             for p, n in (("prefill", prefill), ("decode", 1))
-        ):
+        ) and len(_replica_loads()) == prefill + 1:  # ... and each of them answers
             return
         time.sleep(1)
     pytest.fail(f"pools not back to {prefill} prefill + 1 decode replicas: {serve.status()}")

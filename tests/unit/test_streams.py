@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from types import SimpleNamespace
 
 import pytest
+from splitserve.router.dispatch import Dispatcher
+from splitserve.router.metrics import RouterMetrics
 from splitserve.router.streams import StreamClient, relayed
+from splitserve.router.tenancy import DEFAULT_TENANT, Tenancy
 
+from splitserve.config import parse_config
 from splitserve.engine import frames
-from splitserve.engine.messages import GenerateChunk, RequestRejected, WorkerError
-from splitserve.engine.stream_server import StreamServer
+from splitserve.engine.messages import (
+    GenerateChunk,
+    GenerateRequest,
+    HTTPCall,
+    RequestRejected,
+    Sampling,
+    WorkerError,
+)
+from splitserve.engine.stream_server import StreamServer, over_http
 
 REPLICA = "SplitserveDecode#abc123"
 
@@ -64,27 +76,29 @@ def test_bytes_after_the_end_or_an_unknown_frame_are_errors():
         frames.FrameDecoder().feed(frames.HEADER.pack(9, 0, 0, 0.0))
 
 
-async def _worker(server: StreamServer, chunks: list[GenerateChunk], *, fail: Exception | None = None,
-                  gate: asyncio.Event | None = None, events: list[str] | None = None):
-    """A worker call as the engine replica makes it (`EngineHost._over_http`, without vLLM)."""
-    url, slot = server.open()
+async def _source(chunks: list[GenerateChunk], *, fail: Exception | None = None,
+                  server: StreamServer | None = None, gate: asyncio.Event | None = None,
+                  events: list[str] | None = None):
+    """What the engine makes of a request: `chunks`, then its figures (or `fail`, raised once
+    the reader of `server`'s stream connected, so that what was queued still goes out)."""
     try:
-        yield GenerateChunk((), "", replica=REPLICA, stream_url=url)
         for chunk in chunks:
             if gate is not None:
                 await gate.wait()
-            slot.put(frames.encode_chunk(chunk))
+            yield chunk
         if fail is not None:
-            await slot.connected.wait()  # what is queued still goes out to the reader
+            while not any(slot.connected.is_set() for slot in server._slots.values()):
+                await asyncio.sleep(0.01)
             raise fail
-        slot.put(frames.encode_end())
-        slot.close()
-        assert await slot.delivered()
         yield GenerateChunk((), "", finish_reason="length", replica=REPLICA, num_prompt_tokens=5)
     finally:
-        server.discard(url)
         if events is not None:
             events.append("call closed")
+
+
+def _worker(server: StreamServer, chunks: list[GenerateChunk], **kw):
+    """A worker call as the engine replica makes it (`over_http`), without vLLM."""
+    return over_http(server, _source(chunks, server=server, **kw), REPLICA)
 
 
 async def eager(gen):
@@ -213,3 +227,80 @@ async def test_a_stream_is_served_once():
         async with session.get(url.rsplit("/", 1)[0] + "/nope") as unknown:
             assert unknown.status == 404
         server.discard(url)
+
+
+class _HttpDecode:
+    """A decode pool handle whose replicas answer as `EngineHost.generate` does: over `server`
+    when the request asks for it (`http_stream`), else one item per chunk. Each call plays the
+    next script: (replica, tokens, error raised once the tokens are out)."""
+
+    def __init__(self, server: StreamServer, scripts: list[tuple[str, list[int], Exception | None]]):
+        self.server, self.scripts, self.requests = server, list(scripts), []
+
+    def options(self, **_):
+        return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
+
+    def _remote(self, req: GenerateRequest):
+        self.requests.append(req)
+        replica, tokens, fail = self.scripts.pop(0)
+
+        async def chunks():
+            yield GenerateChunk((), "", status=200, replica=replica,
+                                headers=(("content-type", "text/event-stream"),))
+            for t in tokens:
+                yield GenerateChunk((t,), "", data=f"data: {t}\n\n".encode(), replica=replica)
+            if fail is not None:
+                raise fail
+            yield GenerateChunk((), "", finish_reason="length", replica=replica)
+
+        call = over_http(self.server, chunks(), replica) if req.http_stream else chunks()
+        return _Call(eager(call))
+
+
+class _Call:
+    """Like a Serve streaming response: iterable once, and cancellable."""
+
+    def __init__(self, agen) -> None:
+        self.agen, self.cancelled = agen, False
+
+    def __aiter__(self):
+        return self.agen
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _dispatch(transport: str, scripts) -> tuple[list[GenerateChunk], _HttpDecode]:
+    cfg = parse_config({"mode": "colocated", "router": {"streaming": {"transport": transport}}})
+
+    async def go():
+        async with _serving() as (server, _):
+            decode = _HttpDecode(server, scripts)
+            d = Dispatcher({"decode": decode}, cfg.disaggregation, RouterMetrics(),
+                           Tenancy.from_config(cfg), decode_migrations=1,
+                           streaming=cfg.router.streaming)
+            req = GenerateRequest("cmpl-1", (5, 6, 7), Sampling(max_tokens=4),
+                                  http=HTTPCall("POST", "/v1/completions", json={"prompt": "x"}))
+            got = [c async for c in d.stream(req, DEFAULT_TENANT)]
+            assert server.open_streams == 0
+            return got, decode
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("transport", ["http", "ray"])
+def test_the_dispatcher_reads_a_response_alike_over_either_transport(transport):
+    got, decode = _dispatch(transport, [("decode#r1", [10, 11, 12, 13], None)])
+    assert [r.http_stream for r in decode.requests] == [transport == "http"]
+    assert [t for c in got for t in c.token_ids] == [10, 11, 12, 13]
+    assert b"".join(c.data for c in got) == b"".join(f"data: {t}\n\n".encode()
+                                                     for t in (10, 11, 12, 13))
+    assert got[0].status == 200 and got[-1].finish_reason == "length"
+    assert all(c.stream_url is None for c in got)
+
+
+def test_a_replica_failing_before_its_stream_began_migrates_the_request():
+    got, decode = _dispatch("http", [("decode#r1", [], WorkerError("r1", "engine died")),
+                                     ("decode#r2", [10, 11], None)])
+    assert [r.avoid_replicas for r in decode.requests] == [(), ("r1",)]
+    assert [t for c in got for t in c.token_ids] == [10, 11]
