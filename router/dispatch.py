@@ -62,7 +62,7 @@ from splitserve.router.routing.reservations import (
     pool_reservations,
 )
 from splitserve.router.signals import SignalRecorder
-from splitserve.router.streams import relayed
+from splitserve.router.streams import StreamClient, relayed
 from splitserve.router.tenancy import Tenancy, TenancyError, Tenant
 from splitserve.router.tenancy.admission import TIMEOUT_RETRY_AFTER_S, Ticket
 from splitserve.router.tenancy.errors import queue_timeout
@@ -169,6 +169,8 @@ class Dispatcher:
         self.feeds = pool_feeds(pools)
         # Decode first: the decode replica reserved before a remote prefill (None: none to ask).
         self.reservations = decode_reservations(pools)
+        # Responses the engine replicas stream over HTTP (`streaming.transport: http`)
+        self.stream_client = StreamClient()
 
     def load(self) -> PoolLoad:
         """The pools as this router replica sees them now."""
@@ -515,7 +517,7 @@ class Dispatcher:
             call = dataclasses.replace(call, http_stream=True)
         gen = self.pools[pool].options(stream=True).generate.remote(call)
         try:
-            async for chunk in relayed(gen):
+            async for chunk in relayed(gen, self.stream_client):
                 if chunk.kv_bytes:
                     kv_bytes += chunk.kv_bytes
                     self.metrics.kv_transfer_bytes.observe(chunk.kv_bytes)

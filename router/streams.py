@@ -14,15 +14,11 @@ as the replica's failure (a decode migration, when nothing was relayed yet).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from splitserve.engine.frames import FrameDecoder, FrameError
 from splitserve.engine.messages import GenerateChunk, WorkerError
-
-log = logging.getLogger("splitserve.router")
 
 # Waiting for a stream server to accept the connection (a replica that does not is failing).
 CONNECT_TIMEOUT_S = 10.0
@@ -39,8 +35,8 @@ class StreamCut(Exception):
 
 
 class StreamClient:
-    """The router process's HTTP client of the engine replicas' stream servers (one aiohttp
-    session per event loop, its connections kept open between requests)."""
+    """An HTTP client of the engine replicas' stream servers: one aiohttp session, made in
+    the event loop of its first read, its connections kept open between requests."""
 
     def __init__(self) -> None:
         self._session: Any = None
@@ -81,10 +77,10 @@ class StreamClient:
                 finally:
                     if not decoder.ended:  # closed early: the replica's handler sees it go
                         response.close()
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+        except aiohttp.ClientConnectionError as err:  # a connect timeout is one too
+            unreachable = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
             raise StreamCut(f"{type(err).__name__}: {err}",
-                            reachable=decoder.ended or not isinstance(
-                                err, aiohttp.ClientConnectorError)) from None
+                            reachable=not isinstance(err, unreachable)) from None
         except FrameError as err:
             raise StreamCut(str(err), reachable=True) from None
         raise StreamCut("the stream ended before its end frame", reachable=True)
@@ -94,21 +90,10 @@ class StreamClient:
             await self._session.close()
 
 
-_CLIENTS: dict[int, StreamClient] = {}
-
-
-def stream_client() -> StreamClient:
-    """The stream client of the running event loop (one per router process in practice)."""
-    loop = id(asyncio.get_running_loop())
-    client = _CLIENTS.get(loop)
-    if client is None:
-        client = _CLIENTS[loop] = StreamClient()
-    return client
-
-
-async def relayed(call: Any, client: StreamClient | None = None) -> AsyncIterator[GenerateChunk]:
+async def relayed(call: Any, client: StreamClient) -> AsyncIterator[GenerateChunk]:
     """The chunks of worker `call` (a Serve streaming response of `GenerateChunk`s): items as
-    they come, and a streamed response's chunks read from its stream in their place.
+    they come, and a streamed response's chunks read from its stream with `client` in their
+    place.
 
     The caller still owns `call` (cancels it when it closes this iterator early).
     """
@@ -116,17 +101,17 @@ async def relayed(call: Any, client: StreamClient | None = None) -> AsyncIterato
         if item.stream_url is None:
             yield item
             continue
-        reader = client or stream_client()
+        replica_id = item.replica.split("#")[-1]  # Serve's replica id, as WorkerError names it
         try:
-            async for chunk in reader.chunks(item.stream_url, item.replica):
+            async for chunk in client.chunks(item.stream_url, item.replica):
                 yield chunk
             continue
         except StreamCut as cut:
             if not cut.reachable:  # the replica's server is not there: its call cannot help
-                raise WorkerError(item.replica.split("#")[-1],
+                raise WorkerError(replica_id,
                                   f"its response stream is unreachable ({cut})") from None
             failure = cut
         # The replica ended the stream: its call ends too, with the reason if it failed.
         async for _ in call:
             pass
-        raise WorkerError(item.replica.split("#")[-1], f"its response stream was cut ({failure})")
+        raise WorkerError(replica_id, f"its response stream was cut ({failure})")

@@ -69,7 +69,9 @@ class EngineSpec:
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int | None = None  # tokens per step; None: vLLM's default
     kv_transfer: bool = False  # NIXL connector on (disaggregated mode)
-    kv_host: str | None = None  # NIXL side-channel address; None: the node's IP
+    # The address the engine's peers reach it at (NIXL side channel, response streams);
+    # None: the node's IP
+    kv_host: str | None = None
     share_cores: bool = False  # dev/test only: engines may share cores when short
     kv_lease_s: int = 30  # prefill keeps unpulled KV blocks this long (NIXL kv_lease_duration)
     nixl_backend: str = "UCX"  # NIXL transport (LIBFABRIC on EFA): config.kv_transfer.fabric

@@ -151,8 +151,9 @@ class StreamServer:
 
     async def stop(self) -> None:
         """Stop serving; streams still open are cut."""
-        for url in list(self._slots):
-            self.discard(url)
+        for slot in self._slots.values():
+            slot.close()
+        self._slots.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -282,6 +282,7 @@ def _dispatch(transport: str, scripts) -> tuple[list[GenerateChunk], _HttpDecode
             req = GenerateRequest("cmpl-1", (5, 6, 7), Sampling(max_tokens=4),
                                   http=HTTPCall("POST", "/v1/completions", json={"prompt": "x"}))
             got = [c async for c in d.stream(req, DEFAULT_TENANT)]
+            await d.stream_client.close()
             assert server.open_streams == 0
             return got, decode
 
