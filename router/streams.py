@@ -1,10 +1,10 @@
 """Read a worker call's response from the engine replica's stream server instead of its items.
 
 A call made with `GenerateRequest.http_stream` yields the address of its response's stream
-first (`GenerateChunk.stream_url`), then, after the stream's end, the request's figures
+(`GenerateChunk.stream_url`), and ends after the router read the stream's end
 (`engine/stream_server.py`). `relayed` turns such a call back into the chunks a call without it
 yields, so that the dispatcher reads both alike: the frames of the stream (`engine/frames.py`),
-then the call's last item. Frames that arrived together come as one chunk.
+the request's figures on the last. Frames that arrived together come as one chunk.
 
 A stream that stops without its end frame was cut: the replica failed, or the request was
 cancelled there. The call then says why (its error is raised); a call that ends without an

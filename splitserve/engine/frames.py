@@ -8,27 +8,40 @@ body is a sequence of frames, each a fixed header and a payload:
 - `DATA`: output token ids (unsigned 32-bit, little-endian) made since the last frame, the bytes
   vLLM's server wrote meanwhile, and the engine's first-token latency on the first frame with
   tokens;
-- `END`: the response is complete. A body that stops without it was cut (the replica failed or
-  the request was cancelled): the request's Ray call then says why.
+- `END`: the response is complete: the last tokens and bytes, as `DATA` has them, and the
+  request's figures (finish reason, token counts, KV transfer, step cost; JSON, its size after
+  the header). A body that stops without it was cut (the replica failed or the request was
+  cancelled): the request's Ray call then says why.
 
-The request's figures (KV transfer, step cost, finish reason) still come through the Ray call,
-once, after `END`. Pure functions and a decoder: no I/O.
+The engine holds the bytes its server writes once the request finished (the last token's
+event, `[DONE]`) for `END`, so the router has the figures with the response's last bytes,
+before its client reads them: a client that hangs up at `[DONE]` cuts nothing off. Pure
+functions and a decoder: no I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
 from array import array
 from dataclasses import dataclass
+from typing import Any
 
-from splitserve.engine.messages import GenerateChunk
+from splitserve.engine.messages import GenerateChunk, StepCost
 
 START, DATA, END = 1, 2, 3
 # kind, output tokens, body bytes, engine first-token latency (NaN: none)
 HEADER = struct.Struct("<BIId")
+# after an `END` header: the size of the figures (JSON) that follow its tokens and bytes
+FIGURES_SIZE = struct.Struct("<I")
 _NAN = float("nan")
+
+
+class FrameError(ValueError):
+    """The stream's bytes are not frames (a different server answered, or the stream was
+    corrupted)."""
 
 
 def _ids(token_ids: tuple[int, ...]) -> bytes:
@@ -50,9 +63,37 @@ def encode_data(token_ids: tuple[int, ...], data: bytes, engine_ttft_s: float | 
     return HEADER.pack(DATA, len(token_ids), len(data), ttft) + _ids(token_ids) + data
 
 
-def encode_end() -> bytes:
-    """The frame that says the response is complete."""
-    return HEADER.pack(END, 0, 0, _NAN)
+# The last chunk's fields that `END` carries.
+FIGURES = ("finish_reason", "num_prompt_tokens", "num_cached_tokens", "kv_transfer_params",
+           "kv_bytes", "kv_transfer_s", "kv_recomputed", "engine_cost")
+
+
+def encode_end(last: GenerateChunk | None = None) -> bytes:
+    """The frame that ends the response: the tokens, bytes and figures of its `last` chunk in
+    one frame (a start `last` has goes in a frame before it), so that no reader sees the
+    response's last bytes without its figures."""
+    if last is None:
+        return HEADER.pack(END, 0, 0, _NAN) + FIGURES_SIZE.pack(0)
+    figures: dict[str, Any] = {k: getattr(last, k) for k in FIGURES}
+    if last.engine_cost is not None:
+        figures["engine_cost"] = dataclasses.asdict(last.engine_cost)
+    payload = json.dumps(figures).encode()
+    ttft = _NAN if last.engine_ttft_s is None else last.engine_ttft_s
+    start = b"" if last.status is None else encode_start(last.status, last.headers)
+    return (start + HEADER.pack(END, len(last.token_ids), len(last.data), ttft)
+            + FIGURES_SIZE.pack(len(payload)) + _ids(last.token_ids) + last.data + payload)
+
+
+def _figures(payload: bytes) -> dict[str, Any]:
+    if not payload:
+        return {}
+    try:
+        figures = {k: v for k, v in json.loads(payload).items() if k in FIGURES}
+        if figures.get("engine_cost") is not None:
+            figures["engine_cost"] = StepCost(**figures["engine_cost"])
+    except (ValueError, TypeError) as err:
+        raise FrameError(f"the end frame's figures are not readable ({err})") from None
+    return figures
 
 
 def encode_chunk(chunk: GenerateChunk) -> bytes:
@@ -65,15 +106,11 @@ def encode_chunk(chunk: GenerateChunk) -> bytes:
     return out
 
 
-class FrameError(ValueError):
-    """The stream's bytes are not frames (a different server answered, or the stream was
-    corrupted)."""
-
-
 @dataclass
 class Decoded:
     """What a read of the stream gave: the chunks complete so far (consecutive `DATA` frames
-    merged into one chunk), and whether `END` came."""
+    merged into one chunk, the figures of `END` set on the chunk before it), and whether `END`
+    came."""
 
     chunks: list[GenerateChunk]
     ended: bool
@@ -106,30 +143,40 @@ class FrameDecoder:
             if self.ended:
                 raise FrameError("bytes after the end of the stream")
             kind, n_tokens, n_data, frame_ttft = HEADER.unpack_from(buf, pos)
-            end = pos + size + 4 * n_tokens + n_data
+            start = pos + size
+            n_figures = 0
+            if kind == END:
+                if len(buf) < start + FIGURES_SIZE.size:
+                    break
+                (n_figures,) = FIGURES_SIZE.unpack_from(buf, start)
+                start += FIGURES_SIZE.size
+            elif kind not in (START, DATA):
+                raise FrameError(f"unknown frame kind {kind}")
+            end = start + 4 * n_tokens + n_data + n_figures
             if len(buf) < end:
                 break
-            start = pos + size
-            if kind == DATA:
-                ids.frombytes(buf[start:start + 4 * n_tokens])
-                body.extend(buf[start + 4 * n_tokens:end])
-                if ttft is None and not math.isnan(frame_ttft):
-                    ttft = frame_ttft
-                pending = True
-            elif kind in (START, END):
+            if kind == START:
                 if pending:
                     chunks.append(self._chunk(ids, body, ttft))
                     ids, body, ttft, pending = array("I"), bytearray(), None, False
-                if kind == START:
-                    head = json.loads(bytes(buf[start:end]))
-                    chunks.append(GenerateChunk(
-                        (), "", status=int(head["status"]),
-                        headers=tuple((str(k), str(v)) for k, v in head["headers"]),
-                        replica=self.replica))
-                else:
+                head = json.loads(bytes(buf[start:end]))
+                chunks.append(GenerateChunk(
+                    (), "", status=int(head["status"]),
+                    headers=tuple((str(k), str(v)) for k, v in head["headers"]),
+                    replica=self.replica))
+            else:  # DATA, or END with the last tokens and bytes: merged into the run
+                ids.frombytes(buf[start:start + 4 * n_tokens])
+                body.extend(buf[start + 4 * n_tokens:end - n_figures])
+                if ttft is None and not math.isnan(frame_ttft):
+                    ttft = frame_ttft
+                pending = True
+                if kind == END:
                     self.ended = True
-            else:
-                raise FrameError(f"unknown frame kind {kind}")
+                    figures = _figures(bytes(buf[end - n_figures:end]))
+                    last = self._chunk(ids, body, ttft)
+                    if figures or last.token_ids or last.data or ttft is not None:
+                        chunks.append(dataclasses.replace(last, **figures))
+                    ids, body, ttft, pending = array("I"), bytearray(), None, False
             pos = end
         if pending:
             chunks.append(self._chunk(ids, body, ttft))

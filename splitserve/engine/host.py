@@ -251,7 +251,7 @@ class EngineHost:
 
         tap = vllm_server.RequestTap(stream_interval=req.stream_interval, kv_params=kv_params)
         status: int | None = None
-        first_out, error = [True], bytearray()
+        first_out, error, end = [True], bytearray(), bytearray()
         call = req.http
         pulled_by: vllm_server.RequestTap | None = None
         if req.kv_transfer_params is not None and samples(call.json) > 1:
@@ -290,6 +290,9 @@ class EngineHost:
                     if status is not None and status >= 400:
                         error.extend(part)
                         continue
+                    if tap.finished:  # the response's end: it goes with the request's figures
+                        end.extend(part)
+                        continue
                     yield progress(part)
             if status is not None and status >= 400:
                 raise _rejected(self.replica_id, status, bytes(error))
@@ -299,10 +302,8 @@ class EngineHost:
                 measured = self._stats.pop_request_transfer(rid) or measured
             recomputed = self._recomputed(req, expired[0], measured)
             pulled = _remote_blocks(pulling.remote_kv) * self.kv_block_bytes
-            yield GenerateChunk(
-                tap.take_tokens(), "", finish_reason=tap.finish_reason or "stop",
-                num_prompt_tokens=tap.num_prompt_tokens, num_cached_tokens=tap.num_cached_tokens,
-                replica=self._holder,
+            yield dataclasses.replace(
+                progress(bytes(end)), finish_reason=tap.finish_reason or "stop",
                 kv_bytes=measured.bytes if measured else pulled,
                 kv_transfer_s=measured.seconds if measured and measured.transfers else None,
                 kv_recomputed=recomputed, kv_transfer_params=tap.kv_transfer_params,

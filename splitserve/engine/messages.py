@@ -150,8 +150,9 @@ class GenerateChunk:
     (`data`; the first chunk has the response's `status` and `headers`), and the output token
     ids the engine produced meanwhile (`text` is unused: the text is in `data`).
 
-    `finish_reason` is set on the last chunk only, which carries the request's figures;
-    `num_cached_tokens` is the number of prompt tokens served from the prefix cache (or
+    `finish_reason` is set on the last chunk only, which carries the request's figures and the
+    bytes written once the engine finished it (so that the router has the figures before its
+    client reads the response's end); `num_cached_tokens` is the number of prompt tokens served from the prefix cache (or
     received over KV transfer).
     """
 

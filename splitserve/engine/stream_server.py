@@ -5,9 +5,10 @@ worker's bookkeeping, an asyncio wake-up each side): one item per streamed chunk
 replica and the router spend several times what vLLM's own server spends per token
 (BENCHMARKS.md, "Data plane"). Here the Ray call stays, for what Serve does with it (the
 choice of replica, its count of ongoing requests, cancellation, a dead replica's error), but
-carries two items only: the address of the request's stream first, the request's figures last.
-The bytes and token ids in between are frames (`engine/frames.py`) on one HTTP response per
-request from this server (aiohttp), read by the router (`router/streams.py`).
+carries one item only: the address of the request's stream. The bytes, token ids and the
+request's figures are frames (`engine/frames.py`) on one HTTP response per request from this
+server (aiohttp), read by the router (`router/streams.py`); the call ends once the router read
+the stream's end.
 
 Each stream is a capability: its address holds a random id, and only a request's own call
 tells the router its address. The server binds the address the replica's peers reach it at
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import secrets
 import socket
@@ -163,21 +163,20 @@ async def over_http(
     server: StreamServer, chunks: AsyncIterator[GenerateChunk], replica: str
 ) -> AsyncIterator[GenerateChunk]:
     """A worker call's `chunks` sent as frames on a new stream of `server`: yields the stream's
-    address, then, once the reader read the stream to its end, the last chunk's figures (no
-    tokens, no bytes). A failure cuts the stream (no end frame) and is raised; the stream is
+    address, and ends once the reader read the stream to its end (the last chunk's figures in
+    its end frame). A failure cuts the stream (no end frame) and is raised; the stream is
     forgotten however the call ends. `replica`: the replica's name, set on what it yields."""
     url, slot = server.open()
     try:
         yield GenerateChunk((), "", replica=replica, stream_url=url)
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
-                slot.put(frames.encode_chunk(chunk))
                 if chunk.finish_reason is None:
+                    slot.put(frames.encode_chunk(chunk))
                     continue
-                slot.put(frames.encode_end())
+                slot.put(frames.encode_end(chunk))
                 slot.close()
                 if not await slot.delivered():
                     log.warning("%s: no reader came for the stream of a request", replica)
-                yield dataclasses.replace(chunk, token_ids=(), data=b"", engine_ttft_s=None)
     finally:
         server.discard(url)

@@ -78,6 +78,13 @@ class RequestTap:
     kv_transfer_params: dict[str, Any] | None = None
     remote_kv: dict[str, Any] | None = None  # the KV params the engine ran with
     on_output: Callable[[], None] | None = None  # called after each engine output
+    generating: int = 0  # engine requests begun and not finished
+
+    @property
+    def finished(self) -> bool:
+        """Whether every engine request the call made has finished (what the server writes
+        from then on is the response's end)."""
+        return bool(self.request_ids) and self.generating == 0
 
     def take_tokens(self) -> tuple[int, ...]:
         """The output token ids since the last call."""
@@ -132,22 +139,29 @@ class TappedEngine:
             sampling_params.extra_args = extra or None
         tap.remote_kv = params
         tap.request_ids.append(request_id)
-        first = True
-        async for out in self._engine.generate(prompt, sampling_params, request_id, **kwargs):
-            for comp in out.outputs:
-                tap.new_tokens.extend(comp.token_ids)
-                if out.finished and comp.finish_reason:
-                    tap.finish_reason = comp.finish_reason
-            if first and any(c.token_ids for c in out.outputs):
-                first = False
-                tap.engine_ttft_s = first_token_latency(out)
-            tap.num_prompt_tokens = len(out.prompt_token_ids or ())
-            tap.num_cached_tokens = out.num_cached_tokens or 0
-            if out.finished and out.kv_transfer_params:
-                tap.kv_transfer_params = out.kv_transfer_params
-            if tap.on_output is not None:
-                tap.on_output()
-            yield out
+        first, running = True, True
+        tap.generating += 1
+        try:
+            async for out in self._engine.generate(prompt, sampling_params, request_id, **kwargs):
+                for comp in out.outputs:
+                    tap.new_tokens.extend(comp.token_ids)
+                    if out.finished and comp.finish_reason:
+                        tap.finish_reason = comp.finish_reason
+                if first and any(c.token_ids for c in out.outputs):
+                    first = False
+                    tap.engine_ttft_s = first_token_latency(out)
+                tap.num_prompt_tokens = len(out.prompt_token_ids or ())
+                tap.num_cached_tokens = out.num_cached_tokens or 0
+                if out.finished and out.kv_transfer_params:
+                    tap.kv_transfer_params = out.kv_transfer_params
+                if out.finished and running:
+                    running, tap.generating = False, tap.generating - 1
+                if tap.on_output is not None:
+                    tap.on_output()
+                yield out
+        finally:
+            if running:
+                tap.generating -= 1
 
 
 async def build_app(engine: Any, args: argparse.Namespace):

@@ -22,6 +22,7 @@ from splitserve.engine.messages import (
     HTTPCall,
     RequestRejected,
     Sampling,
+    StepCost,
     WorkerError,
 )
 from splitserve.engine.stream_server import StreamServer, over_http
@@ -44,7 +45,12 @@ def test_frames_round_trip_in_pieces_of_any_size():
         GenerateChunk((8,), "", data=b"data: {\"b\": 2}\n\n"),
         GenerateChunk((9,), ""),  # tokens before a response that is not streamed began
     ]
-    wire = b"".join(frames.encode_chunk(c) for c in parts) + frames.encode_end()
+    last = GenerateChunk((10,), "", data=b"data: [DONE]\n\n", finish_reason="length",
+                         num_prompt_tokens=5, num_cached_tokens=4, kv_bytes=4096,
+                         kv_transfer_s=0.002, kv_recomputed=None,
+                         kv_transfer_params={"remote_engine_id": "p", "remote_block_ids": [1]},
+                         engine_cost=StepCost(0.01, 0.001, None, 256))
+    wire = b"".join(frames.encode_chunk(c) for c in parts) + frames.encode_end(last)
     for size in (1, 3, 17, len(wire)):
         decoder, got = frames.FrameDecoder(REPLICA), []
         for i in range(0, len(wire), size):
@@ -52,8 +58,12 @@ def test_frames_round_trip_in_pieces_of_any_size():
             got.extend(decoded.chunks)
         assert decoded.ended
         tokens = tuple(t for c in got for t in c.token_ids)
-        assert tokens == (7, 70000, 8, 9)
-        assert b"".join(c.data for c in got) == b"".join(c.data for c in parts)
+        assert tokens == (7, 70000, 8, 9, 10)
+        assert b"".join(c.data for c in got) == b"".join(c.data for c in [*parts, last])
+        # the figures are on the chunk with the response's last bytes, however the bytes came
+        assert got[-1].data.endswith(last.data) and got[-1].token_ids[-1] == 10
+        assert {k: getattr(got[-1], k) for k in frames.FIGURES} == {
+            k: getattr(last, k) for k in frames.FIGURES}
         assert got[0].status == 200 and got[0].headers == parts[0].headers
         assert [c.engine_ttft_s for c in got if c.engine_ttft_s is not None] == [0.25]
         assert all(c.replica == REPLICA for c in got)
@@ -69,11 +79,23 @@ def test_frames_that_arrive_together_are_one_chunk():
     assert decoded.ended
 
 
+def test_an_end_frame_after_the_start_gives_its_figures_a_chunk_of_their_own():
+    last = GenerateChunk((), "", finish_reason="stop", num_prompt_tokens=3)
+    wire = frames.encode_start(200, ()) + frames.encode_end(last)
+    decoded = frames.FrameDecoder(REPLICA).feed(wire)
+    assert [(c.status, c.finish_reason) for c in decoded.chunks] == [(200, None), (None, "stop")]
+    assert decoded.chunks[1].num_prompt_tokens == 3 and decoded.chunks[1].replica == REPLICA
+    assert frames.FrameDecoder().feed(frames.encode_end()).chunks == []  # no figures, no chunk
+
+
 def test_bytes_after_the_end_or_an_unknown_frame_are_errors():
     with pytest.raises(frames.FrameError):
         frames.FrameDecoder().feed(frames.encode_end() + frames.encode_end())
     with pytest.raises(frames.FrameError, match="unknown frame kind 9"):
         frames.FrameDecoder().feed(frames.HEADER.pack(9, 0, 0, 0.0))
+    with pytest.raises(frames.FrameError, match="figures are not readable"):
+        frames.FrameDecoder().feed(frames.HEADER.pack(frames.END, 0, 0, 0.0)
+                                   + frames.FIGURES_SIZE.pack(3) + b"{x}")
 
 
 async def _source(chunks: list[GenerateChunk], *, fail: Exception | None = None,
@@ -90,7 +112,8 @@ async def _source(chunks: list[GenerateChunk], *, fail: Exception | None = None,
             while not any(slot.connected.is_set() for slot in server._slots.values()):
                 await asyncio.sleep(0.01)
             raise fail
-        yield GenerateChunk((), "", finish_reason="length", replica=REPLICA, num_prompt_tokens=5)
+        yield GenerateChunk((), "", data=b"data: [DONE]\n\n", finish_reason="length",
+                            replica=REPLICA, num_prompt_tokens=5, kv_transfer_s=0.002)
     finally:
         if events is not None:
             events.append("call closed")
@@ -140,16 +163,27 @@ async def _serving():
         await server.stop()
 
 
+async def _recorded(gen, items: list):
+    async for item in gen:
+        items.append(item)
+        yield item
+
+
 @in_loop
-async def test_a_stream_is_read_whole_and_the_figures_come_last():
+async def test_a_stream_is_read_whole_with_the_figures_on_its_last_bytes():
     body = [GenerateChunk((), "", status=200, headers=(("content-type", "text/event-stream"),)),
             *(GenerateChunk((i,), "", data=f"data: {i}\n\n".encode()) for i in range(50))]
     async with _serving() as (server, client):
-        got = [c async for c in relayed(eager(_worker(server, body)), client)]
+        items: list[GenerateChunk] = []
+        got = [c async for c in relayed(eager(_recorded(_worker(server, body), items)), client)]
         assert got[0].status == 200
         assert [t for c in got for t in c.token_ids] == list(range(50))
-        assert b"".join(c.data for c in got) == b"".join(c.data for c in body)
-        assert got[-1].finish_reason == "length" and got[-1].num_prompt_tokens == 5
+        assert b"".join(c.data for c in got) == b"".join(c.data for c in body) + b"data: [DONE]\n\n"
+        # the router has the figures with the response's end, not after it: a client that
+        # hangs up at [DONE] cannot cut them off
+        assert got[-1].data.endswith(b"data: [DONE]\n\n") and got[-1].finish_reason == "length"
+        assert got[-1].num_prompt_tokens == 5 and got[-1].kv_transfer_s == 0.002
+        assert [i.stream_url is not None for i in items] == [True]  # the call: the address only
         assert all(c.stream_url is None for c in got)
         assert server.open_streams == 0
 

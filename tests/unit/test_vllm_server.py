@@ -110,6 +110,31 @@ def test_the_tapped_engine_applies_the_request_hooks_and_records_its_outputs():
     assert tap.kv_transfer_params == {"remote_engine_id": "p"} and tap.request_ids == ["cmpl-1"]
 
 
+def test_the_tap_is_finished_once_every_engine_request_of_the_call_finished():
+    """A completion of several prompts makes one engine request each: the response ends (and
+    the host holds its last bytes for the figures) only when all of them finished."""
+    client = vs.TappedEngine(_Engine())
+    params = SimpleNamespace(extra_args=None, stream_interval=1)
+    tap, seen = vs.RequestTap(), []
+
+    async def one(rid: str) -> None:
+        async for out in client.generate("p", params, rid):
+            seen.append((rid, out.finished, tap.finished))
+
+    async def run():
+        token = vs.CURRENT_TAP.set(tap)
+        try:
+            assert not tap.finished  # nothing began yet
+            await asyncio.gather(one("a"), one("b"))
+        finally:
+            vs.CURRENT_TAP.reset(token)
+
+    asyncio.run(run())
+    assert seen == [("a", False, False), ("b", False, False), ("a", True, False),
+                    ("b", True, True)]
+    assert tap.finished and tap.generating == 0
+
+
 def test_without_a_tap_the_engine_is_called_as_it_is():
     engine = _Engine()
     params = SimpleNamespace(extra_args=None, stream_interval=1)
