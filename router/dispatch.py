@@ -509,7 +509,7 @@ class Dispatcher:
         self, pool: str, req: GenerateRequest, hop: Span, start: float
     ) -> AsyncIterator[GenerateChunk]:
         """One worker call on `pool`: its chunks, traced as the `hop` span (ended here).
-        Closing the iterator cancels the worker request."""
+        Closing the iterator before the response's end cancels the worker request."""
         n_out, kv_bytes, last, first, first_ns, engine_ttft = 0, 0, None, None, None, None
         sent = time.perf_counter()
         call = engine_request(req)
@@ -540,7 +540,8 @@ class Dispatcher:
             record_failure(hop, err)
             raise
         finally:
-            gen.cancel()
+            if last is None or last.finish_reason is None:  # ended early: free the engine's
+                gen.cancel()
             if hop.is_recording():
                 hop.set_attributes(decode_attributes(
                     last, kv_bytes=kv_bytes, output_tokens=n_out,

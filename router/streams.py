@@ -14,11 +14,15 @@ as the replica's failure (a decode migration, when nothing was relayed yet).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from splitserve.engine.frames import FrameDecoder, FrameError
 from splitserve.engine.messages import GenerateChunk, WorkerError
+
+log = logging.getLogger("splitserve.router")
 
 # Waiting for a stream server to accept the connection (a replica that does not is failing).
 CONNECT_TIMEOUT_S = 10.0
@@ -73,6 +77,9 @@ class StreamClient:
                         for chunk in decoded.chunks:
                             yield chunk
                         if decoded.ended:
+                            # the body's own end follows at once; read, the connection is
+                            # kept for the next stream (released unread, it would be closed)
+                            await content.read()
                             return
                 finally:
                     if not decoder.ended:  # closed early: the replica's handler sees it go
@@ -95,7 +102,10 @@ async def relayed(call: Any, client: StreamClient) -> AsyncIterator[GenerateChun
     they come, and a streamed response's chunks read from its stream with `client` in their
     place.
 
-    The caller still owns `call` (cancels it when it closes this iterator early).
+    A stream read to its end ends the iterator at once: the call, which ends by itself once
+    its replica saw the stream read, is drained in the background (its end is not waited for,
+    nor cancelled). The caller still owns `call` otherwise (cancels it when it closes this
+    iterator before the end).
     """
     async for item in call:
         if item.stream_url is None:
@@ -105,7 +115,8 @@ async def relayed(call: Any, client: StreamClient) -> AsyncIterator[GenerateChun
         try:
             async for chunk in client.chunks(item.stream_url, item.replica):
                 yield chunk
-            continue
+            _drain_later(call)
+            return
         except StreamCut as cut:
             if not cut.reachable:  # the replica's server is not there: its call cannot help
                 raise WorkerError(replica_id,
@@ -115,3 +126,21 @@ async def relayed(call: Any, client: StreamClient) -> AsyncIterator[GenerateChun
         async for _ in call:
             pass
         raise WorkerError(replica_id, f"its response stream was cut ({failure})")
+
+
+_DRAINING: set[asyncio.Task] = set()
+
+
+async def _drain(call: Any) -> None:
+    try:
+        async for _ in call:
+            pass
+    except Exception as err:  # noqa: BLE001 - the response was whole; its call's end is moot
+        log.debug("a call ended with %s after its stream was read whole", type(err).__name__)
+
+
+def _drain_later(call: Any) -> None:
+    """Read what is left of `call` (its end) in a task of its own."""
+    task = asyncio.get_running_loop().create_task(_drain(call))
+    _DRAINING.add(task)
+    task.add_done_callback(_DRAINING.discard)

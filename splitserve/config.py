@@ -601,6 +601,15 @@ class RayConfig(_Strict):
     address: str | None = Field(None, description="Join this cluster; None: RAY_ADDRESS or local.")
     num_cpus: int | None = Field(None, ge=1, description="Local cluster only; None: all cores.")
     object_store_mb: int = Field(256, ge=64, description="Local cluster object store cap.")
+    one_event_loop: bool = Field(
+        True,
+        description="Each Serve replica runs its code and its deployment handles' request "
+        "router on its main event loop (Ray Serve's throughput settings "
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0, RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0): "
+        "no hop between threads per request and per streamed item. false: Serve's default "
+        "(separate loops). Applies to a Ray cluster splitserve starts; a running cluster "
+        "(ray.address, the Helm chart's pods) takes it from its own environment.",
+    )
 
 
 class AutoscalingConfig(_Strict):

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,22 @@ START_ATTEMPTS = 3
 
 VARIABLES = (HA_PROXY, STATS_PORT, METRICS_PORT, FALLBACK_PORT, MIN_DRAINING_PERIOD)
 
+# Ray Serve runs a replica's code, and the request router of the deployment handles it calls,
+# on event loops of their own threads by default: every request and every streamed item then
+# crosses threads (a wake-up and a future chained across loops each way). Serve's
+# throughput-optimized settings (RAY_SERVE_THROUGHPUT_OPTIMIZED) run both on the replica's main
+# loop; these are the two of them splitserve takes (`ray.one_event_loop`), not its others
+# (gRPC by default, direct ingress on port 8000, a frozen GC), which are choices of their own.
+USER_CODE_THREAD = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
+ROUTER_LOOP = "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"
+LOOP_VARIABLES = (USER_CODE_THREAD, ROUTER_LOOP)
+
+
+def loop_env(one_loop: bool) -> dict[str, str | None]:
+    """The environment of `ray.one_event_loop` (pure): "0" for both, or unset (Serve's
+    default)."""
+    return dict.fromkeys(LOOP_VARIABLES, "0" if one_loop else None)
+
 
 def ray_env(direct: bool, *, ports: tuple[int, int, int]) -> dict[str, str | None]:
     """The environment Ray's processes need for `direct` ingress (pure): each variable's
@@ -64,16 +81,31 @@ def ray_env(direct: bool, *, ports: tuple[int, int, int]) -> dict[str, str | Non
     }
 
 
-def apply_ray_env(direct: bool) -> dict[str, str | None]:
-    """Set (or clear) `ray_env`'s variables in this process's environment, which a local
-    cluster started afterwards inherits; returns what was set. Call before `ray.init`."""
-    env = ray_env(direct, ports=free_ports(3) if direct else (0, 0, 0))
+def apply_ray_env(direct: bool, one_loop: bool = True) -> dict[str, str | None]:
+    """Set (or clear) the variables of `ray_env` and `loop_env` in this process's environment,
+    which a local cluster started afterwards inherits; returns what was set. Call before
+    `ray.init`."""
+    env = {**ray_env(direct, ports=free_ports(3) if direct else (0, 0, 0)), **loop_env(one_loop)}
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
     return env
+
+
+@contextlib.contextmanager
+def cluster_env(direct: bool, one_loop: bool = True) -> Iterator[dict[str, str | None]]:
+    """`apply_ray_env` for a local cluster started inside the block (its processes inherit the
+    environment when they start); on leaving, the loop switches leave this process's own
+    environment, so that its deployment handles, also called from synchronous code (the
+    launcher's drain, tests), keep Serve's default loop."""
+    env = apply_ray_env(direct, one_loop)
+    try:
+        yield env
+    finally:
+        for key in LOOP_VARIABLES:
+            os.environ.pop(key, None)
 
 
 def free_ports(n: int) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ from rich.console import Console
 from splitserve import processes
 from splitserve.app import APP_NAME, build_app, resolve_device, serve_run_options
 from splitserve.config import SplitserveConfig
-from splitserve.ingress import apply_ray_env, start_serve
+from splitserve.ingress import cluster_env, start_serve
 from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
 
@@ -83,14 +83,15 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
     if address:
         ray.init(address=address, namespace="splitserve", log_to_driver=verbose)
         return False
-    apply_ray_env(cfg.router.direct_ingress)  # the cluster's processes inherit it
-    init_local_ray(
-        num_cpus=cfg.ray.num_cpus or os.cpu_count(),
-        object_store_memory=cfg.ray.object_store_mb * 2**20,
-        include_dashboard=False,
-        log_to_driver=verbose,
-        namespace="splitserve",
-    )
+    # the cluster's processes inherit the environment
+    with cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop):
+        init_local_ray(
+            num_cpus=cfg.ray.num_cpus or os.cpu_count(),
+            object_store_memory=cfg.ray.object_store_mb * 2**20,
+            include_dashboard=False,
+            log_to_driver=verbose,
+            namespace="splitserve",
+        )
     return True
 
 

@@ -53,17 +53,17 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     from ray import serve
 
     from splitserve.app import build_app, serve_run_options
-    from splitserve.ingress import apply_ray_env, start_serve
+    from splitserve.ingress import cluster_env, start_serve
     from splitserve.launcher import init_local_ray
     from splitserve.models import build_tiny_model
 
     build_tiny_model()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    apply_ray_env(cfg.router.direct_ingress)
     options = {"num_cpus": 2 if device == "cpu" else None,
                "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False,
                "log_to_driver": False, "namespace": "splitserve-tests"}
-    init_local_ray(**options)  # retried once when the raylet missed Ray's fixed 30 s wait
+    with cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop):
+        init_local_ray(**options)  # retried once when the raylet missed Ray's fixed 30 s wait
     try:
         start_serve(cfg.router.host, cfg.router.port)
         serve.run(build_app(cfg, device, kv_host="127.0.0.1"), **serve_run_options(cfg))

@@ -344,6 +344,31 @@ def test_a_response_streams_from_the_engine_replica_over_http(client):
     assert stats.open_streams == 0
 
 
+def test_replicas_run_on_one_event_loop_and_this_process_keeps_serves_default(deployment):
+    """`ray.one_event_loop` (on by default) reaches the cluster's processes, not the driver's
+    (whose handles are also called from synchronous code)."""
+    import os
+
+    from pathlib import Path
+
+    from splitserve import ingress
+
+    replicas = {}  # this machine's replica processes, by their titles (ray::ServeReplica:...)
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+            if title.startswith("ray::ServeReplica:splitserve:"):
+                replicas[proc.name] = (title, (proc / "environ").read_bytes())
+        except OSError:
+            continue
+    names = {title.split(":")[-1].split(".")[0].split()[0] for title, _ in replicas.values()}
+    assert names >= {"router", "decode"}, names
+    for title, environ in replicas.values():
+        env = dict(kv.split(b"=", 1) for kv in environ.split(b"\0") if b"=" in kv)
+        assert all(env.get(k.encode()) == b"0" for k in ingress.LOOP_VARIABLES), title
+    assert not any(k in os.environ for k in ingress.LOOP_VARIABLES)
+
+
 def test_a_bad_timeout_header_is_400(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(

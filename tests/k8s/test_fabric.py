@@ -114,6 +114,24 @@ def test_head_pod_and_colocated_pools_get_no_fabric(render_chart, tmp_path, vali
     assert "hostNetwork" not in decode["spec"] and "IPC_LOCK" not in str(decode)
 
 
+@pytest.mark.parametrize("one_loop", [True, False])
+def test_ray_pods_get_the_one_event_loop_switches(render_chart, tmp_path, validate,
+                                                  one_loop) -> None:
+    """`ray.one_event_loop` reaches every Ray pod's environment (a cluster splitserve does not
+    start takes it from there: splitserve/ingress.py)."""
+    from splitserve import ingress
+
+    config = {} if one_loop else {"ray": {"one_event_loop": False}}
+    docs = _render(render_chart, tmp_path, validate, _values("tcp", {}, **config))
+    (rs,) = [d for d in docs if d["kind"] == "RayService"]
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    pods = [head, *_groups(docs).values()]
+    want = {k: v for k, v in ingress.loop_env(one_loop).items() if v is not None}
+    for pod in pods:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        assert {k: env[k] for k in ingress.LOOP_VARIABLES if k in env} == want
+
+
 @pytest.mark.parametrize("case", ["infiniband-rails", "efa", "custom-hostnet"])
 def test_llmisvc_workloads_get_the_fabric(render_chart, tmp_path, validate, case) -> None:
     # The chart's LLMInferenceService (validated against its CRD) equals the Python render for

@@ -26,12 +26,15 @@ print(json.dumps({
     "metrics_port": c.RAY_SERVE_HAPROXY_METRICS_PORT,
     "fallback_port": c.RAY_SERVE_FALLBACK_PROXY_HTTP_PORT,
     "min_draining_s": c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S,
+    "user_code_thread": c.RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD,
+    "router_loop": c.RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP,
 }))
 """
 
 
 def _ray_reads(env: dict[str, str | None]) -> dict:
-    child = {k: v for k, v in os.environ.items() if k not in ingress.VARIABLES}
+    child = {k: v for k, v in os.environ.items()
+             if k not in ingress.VARIABLES + ingress.LOOP_VARIABLES}
     child.update({k: v for k, v in env.items() if v is not None})
     out = subprocess.run([sys.executable, "-c", PROBE], env=child, capture_output=True,
                          text=True, timeout=120, check=True)
@@ -54,6 +57,7 @@ def test_ray_reads_direct_ingress_as_set() -> None:
     assert _ray_reads(env) == {
         "ha_proxy": True, "direct_ingress": True, "stats_port": 41234,
         "metrics_port": 41235, "fallback_port": 41236, "min_draining_s": 0.0,
+        "user_code_thread": True, "router_loop": True,  # Serve's defaults: loop_env not set
     }
 
 
@@ -62,16 +66,24 @@ def test_ray_reads_serve_proxy_as_set() -> None:
     assert read["ha_proxy"] is False and read["direct_ingress"] is False
 
 
+@pytest.mark.parametrize("one_loop", [True, False])
+def test_ray_reads_one_event_loop_as_set(one_loop: bool) -> None:
+    read = _ray_reads(ingress.loop_env(one_loop))
+    assert (read["user_code_thread"], read["router_loop"]) == (not one_loop, not one_loop)
+    assert parse_config({}).ray.one_event_loop is True  # on unless configured off
+
+
 def test_apply_sets_and_clears(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ingress.VARIABLES:
+    for key in ingress.VARIABLES + ingress.LOOP_VARIABLES:
         monkeypatch.delenv(key, raising=False)
     env = ingress.apply_ray_env(True)
     assert os.environ[ingress.HA_PROXY] == "1"
     ports = {os.environ[k] for k in (ingress.STATS_PORT, ingress.METRICS_PORT,
                                      ingress.FALLBACK_PORT)}
     assert len(ports) == 3 and os.environ[ingress.STATS_PORT] == env[ingress.STATS_PORT]
-    ingress.apply_ray_env(False)
-    assert not any(key in os.environ for key in ingress.VARIABLES)
+    assert all(os.environ[key] == "0" for key in ingress.LOOP_VARIABLES)
+    ingress.apply_ray_env(False, one_loop=False)
+    assert not any(key in os.environ for key in ingress.VARIABLES + ingress.LOOP_VARIABLES)
 
 
 def test_haproxy_binary_runs() -> None:

@@ -152,6 +152,16 @@ async def eager(gen):
             await task
 
 
+async def _closed(server: StreamServer) -> bool:
+    """Whether every stream's call ended (within a few seconds: a call whose stream was read
+    whole ends in the background)."""
+    for _ in range(500):
+        if server.open_streams == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 @contextlib.asynccontextmanager
 async def _serving():
     server, client = StreamServer("127.0.0.1"), StreamClient()
@@ -185,7 +195,46 @@ async def test_a_stream_is_read_whole_with_the_figures_on_its_last_bytes():
         assert got[-1].num_prompt_tokens == 5 and got[-1].kv_transfer_s == 0.002
         assert [i.stream_url is not None for i in items] == [True]  # the call: the address only
         assert all(c.stream_url is None for c in got)
-        assert server.open_streams == 0
+        assert await _closed(server)  # the call ended after the stream, by itself
+
+
+@in_loop
+async def test_the_reader_does_not_wait_for_the_call_to_end_after_a_whole_stream():
+    ended, release = [], asyncio.Event()
+
+    async def call():
+        async for item in _worker(server, [GenerateChunk((1,), "", data=b"x")]):
+            yield item
+        await release.wait()  # e.g. the call's end still on its way from the replica
+        ended.append(True)
+
+    async with _serving() as (server, client):
+        got = [c async for c in relayed(eager(call()), client)]
+        assert [t for c in got for t in c.token_ids] == [1] and got[-1].finish_reason == "length"
+        assert ended == []  # the reader is done; the call ends on its own, drained
+        release.set()
+        assert await _closed(server)
+        assert ended == [True]
+
+
+@in_loop
+async def test_streams_of_a_replica_share_one_connection():
+    import aiohttp
+
+    made = []
+
+    async def on_create(*_):
+        made.append(1)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(on_create)
+    async with _serving() as (server, client):
+        client._session = aiohttp.ClientSession(trace_configs=[trace])
+        for i in range(5):
+            body = [GenerateChunk((i,), "", data=b"x" * (100 * i))]
+            got = [c async for c in relayed(eager(_worker(server, body)), client)]
+            assert [t for c in got for t in c.token_ids] == [i]
+        assert len(made) == 1  # each stream read to the end of its body: the connection is kept
 
 
 @in_loop
@@ -269,7 +318,7 @@ class _HttpDecode:
     next script: (replica, tokens, error raised once the tokens are out)."""
 
     def __init__(self, server: StreamServer, scripts: list[tuple[str, list[int], Exception | None]]):
-        self.server, self.scripts, self.requests = server, list(scripts), []
+        self.server, self.scripts, self.requests, self.calls = server, list(scripts), [], []
 
     def options(self, **_):
         return SimpleNamespace(generate=SimpleNamespace(remote=self._remote))
@@ -288,7 +337,8 @@ class _HttpDecode:
             yield GenerateChunk((), "", finish_reason="length", replica=replica)
 
         call = over_http(self.server, chunks(), replica) if req.http_stream else chunks()
-        return _Call(eager(call))
+        self.calls.append(_Call(eager(call)))
+        return self.calls[-1]
 
 
 class _Call:
@@ -317,7 +367,7 @@ def _dispatch(transport: str, scripts) -> tuple[list[GenerateChunk], _HttpDecode
                                   http=HTTPCall("POST", "/v1/completions", json={"prompt": "x"}))
             got = [c async for c in d.stream(req, DEFAULT_TENANT)]
             await d.stream_client.close()
-            assert server.open_streams == 0
+            assert await _closed(server)  # the call ended after the stream, by itself
             return got, decode
 
     return asyncio.run(go())
@@ -332,6 +382,7 @@ def test_the_dispatcher_reads_a_response_alike_over_either_transport(transport):
                                                      for t in (10, 11, 12, 13))
     assert got[0].status == 200 and got[-1].finish_reason == "length"
     assert all(c.stream_url is None for c in got)
+    assert [c.cancelled for c in decode.calls] == [False]  # a whole response: nothing to free
 
 
 def test_a_replica_failing_before_its_stream_began_migrates_the_request():

@@ -209,6 +209,19 @@ RayService and the KServe modes use it, and so does the model download Job.
 {{- end }}
 
 {{/*
+The Ray pods' env (JSON list): splitserve.env, then Ray Serve's one-event-loop switches when
+config.ray.one_event_loop is on (the default; splitserve/ingress.py, loop_env): each replica
+runs its code and its handles' request router on its main event loop.
+*/}}
+{{- define "splitserve.rayEnv" -}}
+{{- $env := include "splitserve.env" . | fromJsonArray }}
+{{- if dig "ray" "one_event_loop" true (.Values.config | default dict) }}
+{{- $env = concat $env (list (dict "name" "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" "value" "0") (dict "name" "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP" "value" "0")) }}
+{{- end }}
+{{- toJson $env }}
+{{- end }}
+
+{{/*
 Security contexts (values podSecurityContext, securityContext). The container one takes a list of
 capabilities to add, e.g. (list $ (list "IPC_LOCK")) for the engine containers of an RDMA fabric:
 they join securityContext.capabilities.add, and `drop` stays as the values say (default ALL).
