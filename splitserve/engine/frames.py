@@ -108,8 +108,8 @@ def encode_chunk(chunk: GenerateChunk) -> bytes:
 
 @dataclass
 class Decoded:
-    """What a read of the stream gave: the chunks complete so far (consecutive `DATA` frames
-    merged into one chunk, the figures of `END` set on the chunk before it), and whether `END`
+    """What a read of the stream gave: the chunks complete so far (consecutive `DATA` frames,
+    and an `END` after them, merged into one chunk; `END`'s figures on it), and whether `END`
     came."""
 
     chunks: list[GenerateChunk]
@@ -173,9 +173,8 @@ class FrameDecoder:
                 if kind == END:
                     self.ended = True
                     figures = _figures(bytes(buf[end - n_figures:end]))
-                    last = self._chunk(ids, body, ttft)
-                    if figures or last.token_ids or last.data or ttft is not None:
-                        chunks.append(dataclasses.replace(last, **figures))
+                    if figures or ids or body or ttft is not None:
+                        chunks.append(self._chunk(ids, body, ttft, **figures))
                     ids, body, ttft, pending = array("I"), bytearray(), None, False
             pos = end
         if pending:
@@ -183,6 +182,7 @@ class FrameDecoder:
         del buf[:pos]
         return Decoded(chunks, self.ended)
 
-    def _chunk(self, ids: array, body: bytearray, ttft: float | None) -> GenerateChunk:
+    def _chunk(self, ids: array, body: bytearray, ttft: float | None,
+               **figures: Any) -> GenerateChunk:
         return GenerateChunk(tuple(ids), "", data=bytes(body), engine_ttft_s=ttft,
-                             replica=self.replica)
+                             replica=self.replica, **figures)
