@@ -14,7 +14,9 @@ request is fully validated and fits the context window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,14 +31,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from splitserve.config import SplitserveConfig
 from splitserve.logs import configure_logging
+from splitserve.engine import routed
 from splitserve.engine.messages import GenerateChunk, GenerateRequest, HTTPCall, Sampling
-from splitserve.router import forward
+from splitserve.engine.routed import Settlement, Verdict
+from splitserve.router import direct, forward
 from splitserve.router.adapters import AdapterRegistry
 from splitserve.router.catalog import ModelCatalog
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.drain import Drain
-from splitserve.router.errors import APIError, model_not_found, sse, too_large, unavailable
+from splitserve.router.errors import (
+    APIError,
+    bad_request,
+    model_not_found,
+    sse,
+    too_large,
+    unavailable,
+)
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.pool_metrics import PoolStateCollector
 from splitserve.router.lora_admin import LoadAdapter, load_adapter, unload_adapter
@@ -89,6 +100,17 @@ async def read_body(request: Request, limit: int) -> bytes:
 REPLICA_HEADER = "x-splitserve-replica"  # the replica that served the request
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A generation request ready for the engines (`Router._prepare`)."""
+
+    fwd: forward.Forwarded
+    route: ModelRoute
+    request: GenerateRequest  # with `http`, the call vLLM's server gets
+    model: str  # the served model or adapter the request's `model` resolved to
+    capped: int | None  # the output limit the router set (None: the client's own)
+
+
 def _content_type(headers: tuple[tuple[str, str], ...]) -> str | None:
     """The content type of a response from vLLM's server (None: not given). Defined above the
     deployment class: Serve pickles the class by value with the globals it has seen so far."""
@@ -126,6 +148,8 @@ class Router:
         )
         self.tracing = Tracing.from_config(cfg.tracing)
         self.stopping = Drain()  # `drain` (the launcher's stop) refuses, waits, ends
+        # Direct streaming (router/direct.py): the admissions of requests replicas answer
+        self.leases = direct.Leases() if cfg.router.direct_streaming else None
         self._setup_models(pools)
         self.metrics.registry.register(
             PoolStateCollector(self.tenancy.gates, self.dispatcher.replicas)
@@ -373,6 +397,133 @@ class Router:
             gen.cancel()
         return Response(bytes(body), status_code=status, media_type=_content_type(headers))
 
+    # ---- direct streaming: the ingress request router (router/direct.py) -----------------
+
+    def _direct_only(self) -> direct.Leases:
+        """The open leases; 404 unless this router routes for direct streaming."""
+        if self.leases is None:
+            raise APIError(404, "Not found.", code="not_found")
+        return self.leases
+
+    @app.post("/internal/route")
+    async def internal_route(self, request: Request) -> JSONResponse:
+        """HAProxy's question for each POST with direct streaming: the decode replica that
+        answers it and the `Verdict` header it gets (engine/routed.py). 404 without direct
+        streaming; any other non-200 is HAProxy's 503."""
+        leases = self._direct_only()
+        self._start_background()
+        await direct.close_expired(leases)
+        server = request.scope.get("server") or (self.cfg.router.host, self.cfg.router.port)
+        verdict, gen_req = await self._route_verdict(
+            request.headers, await request.body(), f"http://{server[0]}:{server[1]}")
+        try:
+            replica = await direct.pick_replica(
+                self.routes[self.primary_model()].pools["decode"], gen_req)
+        except BaseException:
+            lease = leases.take(verdict.ticket) if verdict.ticket else None
+            if lease is not None:
+                await direct.settle(lease, Settlement(verdict.ticket, generated=False, status=503))
+            raise
+        return JSONResponse({"replica_id": replica,
+                             "request_headers": {routed.HEADER: verdict.encode()}})
+
+    async def _route_verdict(
+        self, headers: Any, body: bytes, base_url: str
+    ) -> tuple[Verdict, GenerateRequest | None]:
+        """The router's verdict on a request HAProxy asks about, and the engine request of an
+        admitted one (its replica's routing reads it). A refusal is a verdict too: HAProxy
+        would turn any answer but 200 into its own 503."""
+        try:
+            self.stopping.admit()
+            limit = self.cfg.router.max_body_bytes
+            if "x-body-truncated" in headers or len(body) > limit:
+                raise too_large(limit)
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                payload = None
+            endpoint = routed.guess_endpoint(payload)
+            if endpoint is None:  # not a generation: the replica hands it to the router
+                return Verdict("forward"), None
+            tenant = self.tenancy.authenticate(headers.get("authorization"))
+            prep = self._prepare(endpoint, tenant, body)
+            ticket = await self._lease(tenant, prep)
+        except APIError as err:
+            return Verdict("refuse", status=err.status, error=err.body(),
+                           headers=dict(err.headers) or None), None
+        req = prep.request
+        return Verdict(
+            "serve", endpoint=endpoint, request_id=req.request_id, model=prep.model,
+            max_tokens=prep.capped, cache_salt=req.cache_salt, ticket=ticket,
+            settle_url=f"{base_url}/internal/settle",
+        ), req
+
+    async def _lease(self, tenant: Tenant, prep: Prepared) -> str:
+        """Admit `prep`'s request as `_generate` would (its adapter's use, the tenant's quota
+        reservation, a slot of the decode pool's fair gate, the drain count) and hold it all
+        as a lease until the replica settles; returns the lease's ticket."""
+        assert self.leases is not None
+        req, signals = prep.request, prep.route.dispatcher.signals
+        n_prompt = len(req.prompt_token_ids)
+        adapter = req.lora.name if req.lora is not None else None
+        stack = contextlib.AsyncExitStack()
+        try:
+            stack.enter_context(self.stopping.hold())
+            if adapter is not None:
+                self.adapters.acquire(adapter)
+                stack.callback(self.adapters.release, adapter)
+            usage = await stack.enter_async_context(self.tenancy.request(
+                tenant, prompt_tokens=n_prompt,
+                max_tokens=req.sampling.max_tokens * prep.fwd.choices))
+            signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
+            ticket = await stack.enter_async_context(
+                self.tenancy.admit("decode", tenant, n_prompt))
+        except BaseException:
+            await stack.aclose()
+            raise
+        self.metrics.in_flight.inc()
+        stack.callback(self.metrics.in_flight.dec)
+
+        def settled(s: Settlement | None) -> None:
+            if s is None or not s.generated:
+                return
+            if s.first_token_s is not None:
+                signals.first_token("decode", s.first_token_s)
+            if s.decode_s is not None:
+                signals.finished("decode", s.decode_s, s.output_tokens)
+
+        deadline = self.cfg.router.request_timeout_s + direct.SETTLE_GRACE_S
+        return self.leases.add(direct.Lease(
+            stack, usage, ticket, "decode", self.leases.clock() + deadline, settled))
+
+    @app.post("/internal/settle")
+    async def internal_settle(self, request: Request) -> Response:
+        """A replica's `Settlement` of a request it answered: 204, or 404 for a ticket that
+        is not open (settled already, or expired)."""
+        leases = self._direct_only()
+        try:
+            settlement = Settlement.from_json(await request.body())
+        except (ValueError, TypeError):
+            raise bad_request("not a settlement") from None
+        lease = leases.take(settlement.ticket)
+        if lease is None:
+            return Response(status_code=404)
+        await direct.settle(lease, settlement)
+        return Response(status_code=204)
+
+    async def http(self, call: HTTPCall) -> AsyncIterator[GenerateChunk]:
+        """A client request an engine replica hands over whole (direct streaming: all but the
+        generation requests the router admitted), answered by this router's own HTTP app
+        in-process: yields the response's start, then its body parts."""
+        from splitserve.engine.vllm_server import HTTPResponseStart, call_asgi
+
+        async for part in call_asgi(app, call.method, call.path, call.headers, call.encoded(),
+                                    call.query):
+            if isinstance(part, HTTPResponseStart):
+                yield GenerateChunk((), "", status=part.status, headers=part.headers)
+            else:
+                yield GenerateChunk((), "", data=part)
+
     # ---- generation -----------------------------------------------------------------------
 
     @app.post("/v1/completions")
@@ -424,34 +575,9 @@ class Router:
         tenant = self.tenancy.authenticate(request.headers.get("authorization"))
         trace.describe(tenant=tenant)
         obs.describe(tenant=tenant.name)
-        fwd = forward.parse(endpoint, await read_body(request, self.cfg.router.max_body_bytes))
-        target = self.catalog.resolve(
-            fwd.model or self.primary_model(), allowed=tenant.allowed_models,
-            key=fwd.user or uuid.uuid4().hex,
-        )
-        route = self.routes[target.base]
-        prompt = forward.estimate_prompt(fwd, route.prompts)
-        request_id = uuid.uuid4().hex
-        # The output budget: what the client asked for; else what the context leaves, or less
-        # where the tenant's token limits end it first (then the engine stops there too).
-        budget = fwd.max_tokens
-        if budget is None:
-            room = max(route.prompts.max_model_len - len(prompt), 1)
-            budget = output_allowance(tenant.quotas, len(prompt), room, fwd.choices)
-            if budget < room:
-                fwd = forward.capped(fwd, budget)
-        gen_req = GenerateRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            sampling=Sampling(max_tokens=budget),
-            cache_salt=self.tenancy.cache_salt(tenant, fwd.cache_salt),
-            lora=target.adapter,
-            disaggregable=fwd.disaggregable,
-        )
-        gen_req = dataclasses.replace(gen_req, http=forward.call(
-            fwd, model=target.adapter.name if target.adapter is not None else target.base,
-            request_id=request_id, cache_salt=gen_req.cache_salt,
-        ))
+        prep = self._prepare(endpoint, tenant,
+                             await read_body(request, self.cfg.router.max_body_bytes))
+        fwd, route, gen_req = prep.fwd, prep.route, prep.request
         trace.describe(request=gen_req, stream=fwd.stream)
         obs.describe(request=gen_req, stream=fwd.stream,
                      prompt=fwd.prompt_text() if obs.log_prompt else None)
@@ -466,6 +592,39 @@ class Router:
         if fwd.stream:
             return await self._stream(chunks)
         return await self._whole(chunks)
+
+    def _prepare(self, endpoint: str, tenant: Tenant, body: bytes) -> Prepared:
+        """A generation request's body as the engines get it: parsed, its model resolved to a
+        served model or adapter, its prompt counted, its output budget set (what the client
+        asked for; else what the context leaves, or less where the tenant's token limits end
+        it first, and then the engine stops there too) and its router fields written."""
+        fwd = forward.parse(endpoint, body)
+        target = self.catalog.resolve(
+            fwd.model or self.primary_model(), allowed=tenant.allowed_models,
+            key=fwd.user or uuid.uuid4().hex,
+        )
+        route = self.routes[target.base]
+        prompt = forward.estimate_prompt(fwd, route.prompts)
+        request_id = uuid.uuid4().hex
+        budget, capped = fwd.max_tokens, None
+        if budget is None:
+            room = max(route.prompts.max_model_len - len(prompt), 1)
+            budget = output_allowance(tenant.quotas, len(prompt), room, fwd.choices)
+            if budget < room:
+                fwd, capped = forward.capped(fwd, budget), budget
+        model = target.adapter.name if target.adapter is not None else target.base
+        gen_req = GenerateRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling=Sampling(max_tokens=budget),
+            cache_salt=self.tenancy.cache_salt(tenant, fwd.cache_salt),
+            lora=target.adapter,
+            disaggregable=fwd.disaggregable,
+        )
+        gen_req = dataclasses.replace(gen_req, http=forward.call(
+            fwd, model=model, request_id=request_id, cache_salt=gen_req.cache_salt,
+        ))
+        return Prepared(fwd, route, gen_req, model, capped)
 
     async def _generate(
         self, tenant: Tenant, gen_req: GenerateRequest, route: ModelRoute | None = None,

@@ -76,8 +76,22 @@ PYEOF
     "$helm" version --short | grep -q "^$HELM_VERSION" || die "$helm does not run"
 }
 
+# Whether the venv's `splitserve` is this tree's: an editable install maps the package to the
+# tree it was made from, so a venv shared with another clone runs that clone's code (in Ray's
+# workers too). -I: no current directory on sys.path, only the venv's own finders.
+editable_here() {
+    "$PY" -I -c 'import importlib.util, os, sys
+spec = importlib.util.find_spec("splitserve")
+root = os.path.realpath(sys.argv[1]) + os.sep
+sys.exit(0 if spec and spec.origin and os.path.realpath(spec.origin).startswith(root) else 1)' "$PWD"
+}
+
 want="$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    if ! editable_here; then
+        say "splitserve in $NAME is another tree's; installing this one (editable)"
+        pip_ install --no-deps --no-build-isolation -e .
+    fi
     install_helm
     say "environment up to date ($NAME)"
     exit 0

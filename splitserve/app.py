@@ -13,6 +13,7 @@ from splitserve.kv_transfer.compat import check_pd_compatible, read_model_shape
 from splitserve.models import resolve_model_path
 
 APP_NAME = "splitserve"
+ROUTER_DEPLOYMENT = "router"
 Device = Literal["cpu", "cuda"]
 # How often Serve checks a stopping replica for unfinished requests (Serve's default: 2 s). On
 # `splitserve serve`'s stop the routers have drained first (router/drain.py), so a replica has
@@ -87,7 +88,7 @@ def pool_deployment_options(
 def router_deployment_options(cfg: SplitserveConfig) -> dict:
     """Ray Serve options of the router deployment (pure)."""
     return {
-        "name": "router",
+        "name": ROUTER_DEPLOYMENT,
         "num_replicas": cfg.router.replicas,
         "ray_actor_options": {"num_cpus": 0},
         "max_ongoing_requests": 4096,
@@ -148,6 +149,8 @@ def build_app(
 
     check_adapters(cfg)
     classes = {"prefill": PrefillWorker, "decode": DecodeWorker}
+    if cfg.router.direct_streaming:  # the decode replicas serve HTTP (engine/front.py)
+        classes["decode"] = serve.deployment(serve.ingress()(DecodeWorker.func_or_class))
     pools: dict[str, dict] = {}
     for view in cfg.model_views():
         specs = {
@@ -162,8 +165,14 @@ def build_app(
             )).bind(spec)
             for role, spec in specs.items()
         }
-    router = Router.options(**router_deployment_options(cfg))
-    return router.bind(cfg, pools)
+    router = Router.options(**router_deployment_options(cfg)).bind(cfg, pools)
+    if not cfg.router.direct_streaming:
+        return router
+    # Direct streaming: the decode pool is the HTTP ingress and the router its ingress request
+    # router (HAProxy asks it where each request goes: router/direct.py). Ray Serve's hook for
+    # this is internal (Ray Serve LLM's direct streaming builds on it).
+    decode = pools[cfg.model_views()[0].model.name]["decode"]
+    return decode._with_ingress_request_router(router)
 
 
 # --- Deploying through a Serve config (KubeRay's RayService, `serve deploy`) -------------------

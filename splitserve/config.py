@@ -325,6 +325,16 @@ class RouterConfig(_Strict):
         "a Ray cluster splitserve starts; a running cluster (ray.address) takes it from its "
         "own environment (RAY_SERVE_ENABLE_HA_PROXY=1).",
     )
+    direct_streaming: bool = Field(
+        False,
+        description="The decode replicas answer clients themselves (splitserve/engine/front.py, "
+        "docs/dataplane.md): the decode pool is the HTTP ingress behind Serve's HAProxy, and "
+        "the router, Serve's ingress request router, only authenticates, admits and picks the "
+        "replica for each request (router/direct.py); no token crosses the router. Needs "
+        "direct_ingress; one model, colocated, for now. Without the router in the token path "
+        "a request is not retried or migrated after it reached its replica, and the router's "
+        "per-request traces and request log do not cover it.",
+    )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")
     request_timeout_s: float = Field(
         600.0,
@@ -794,6 +804,18 @@ class SplitserveConfig(_Strict):
             if self.autoscaling is not None:
                 raise ValueError("autoscaling: not supported with several `models` yet")
         check_model_ids(self)
+        return self
+
+    @model_validator(mode="after")
+    def _direct_streaming_supported(self) -> SplitserveConfig:
+        if not self.router.direct_streaming:
+            return self
+        if not self.router.direct_ingress:
+            raise ValueError("router.direct_streaming needs router.direct_ingress: true")
+        if self.models:
+            raise ValueError("router.direct_streaming: one model only, for now")
+        if self.mode != "colocated":
+            raise ValueError("router.direct_streaming: mode colocated only, for now")
         return self
 
     def model_views(self) -> tuple[SplitserveConfig, ...]:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,38 @@ ROUTER_LOOP = "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"
 LOOP_VARIABLES = (USER_CODE_THREAD, ROUTER_LOOP)
 
 
+# Direct streaming (`router.direct_streaming`, router/direct.py): HAProxy asks the router, Serve's
+# ingress request router, where each POST goes. The router needs the body (the prompt, the
+# model, the output budget) and the client's API key, which HAProxy's Lua sends only as Serve's
+# session header: so the session header is `authorization` (splitserve's request routers do
+# not use sessions). The Lua call waits while the request waits for admission, so its timeout
+# must exceed the admission queue's; the body must fit HAProxy's buffer to reach the router.
+FORWARD_BODY = "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"
+SESSION_HEADER = "RAY_SERVE_SESSION_ID_HEADER_KEY"
+ROUTE_TIMEOUT = "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S"
+ROUTE_BUFSIZE = "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE"
+ROUTE_VARIABLES = (FORWARD_BODY, SESSION_HEADER, ROUTE_TIMEOUT, ROUTE_BUFSIZE)
+# Serve's own defaults: 5 s for the call, 8 MiB of buffer; the timeout's margin over the queue.
+DEFAULT_ROUTE_BUFSIZE = 8 << 20
+ROUTE_TIMEOUT_MARGIN_S = 5
+
+
+def route_env(
+    direct_streaming: bool, *, queue_timeout_s: float = 30.0, max_body_bytes: int = 1 << 20
+) -> dict[str, str | None]:
+    """The environment of direct streaming's ingress request router (pure): each variable's
+    value, None where it must be unset (no direct streaming)."""
+    if not direct_streaming:
+        return dict.fromkeys(ROUTE_VARIABLES)
+    return {
+        FORWARD_BODY: "1",
+        SESSION_HEADER: "authorization",
+        ROUTE_TIMEOUT: str(math.ceil(queue_timeout_s) + ROUTE_TIMEOUT_MARGIN_S),
+        # the whole body and the request's headers
+        ROUTE_BUFSIZE: str(max(DEFAULT_ROUTE_BUFSIZE, max_body_bytes + (64 << 10))),
+    }
+
+
 def loop_env(one_loop: bool) -> dict[str, str | None]:
     """The environment of `ray.one_event_loop` (pure): "0" for both, or unset (Serve's
     default)."""
@@ -81,11 +115,14 @@ def ray_env(direct: bool, *, ports: tuple[int, int, int]) -> dict[str, str | Non
     }
 
 
-def apply_ray_env(direct: bool, one_loop: bool = True) -> dict[str, str | None]:
-    """Set (or clear) the variables of `ray_env` and `loop_env` in this process's environment,
-    which a local cluster started afterwards inherits; returns what was set. Call before
-    `ray.init`."""
-    env = {**ray_env(direct, ports=free_ports(3) if direct else (0, 0, 0)), **loop_env(one_loop)}
+def apply_ray_env(
+    direct: bool, one_loop: bool = True, route: dict[str, str | None] | None = None
+) -> dict[str, str | None]:
+    """Set (or clear) the variables of `ray_env`, `loop_env` and `route` (`route_env`'s, or
+    none: cleared) in this process's environment, which a local cluster started afterwards
+    inherits; returns what was set. Call before `ray.init`."""
+    env = {**ray_env(direct, ports=free_ports(3) if direct else (0, 0, 0)), **loop_env(one_loop),
+           **(route if route is not None else route_env(False))}
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)
@@ -95,12 +132,15 @@ def apply_ray_env(direct: bool, one_loop: bool = True) -> dict[str, str | None]:
 
 
 @contextlib.contextmanager
-def cluster_env(direct: bool, one_loop: bool = True) -> Iterator[dict[str, str | None]]:
+def cluster_env(
+    direct: bool, one_loop: bool = True, route: dict[str, str | None] | None = None
+) -> Iterator[dict[str, str | None]]:
     """`apply_ray_env` for a local cluster started inside the block (its processes inherit the
     environment when they start); on leaving, the loop switches leave this process's own
     environment, so that its deployment handles, also called from synchronous code (the
     launcher's drain, tests), keep Serve's default loop."""
-    env = apply_ray_env(direct, one_loop)
+    env = apply_ray_env(direct, one_loop, route)
+    sync_driver_haproxy()
     try:
         yield env
     finally:
@@ -115,6 +155,32 @@ def free_ports(n: int) -> tuple[int, ...]:
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return tuple(s.getsockname()[1] for s in socks)
+
+
+def sync_driver_haproxy() -> bool:
+    """Make this process's Ray Serve see `RAY_SERVE_ENABLE_HA_PROXY` as the environment now has
+    it; returns the value.
+
+    Serve reads the variable once, when `ray.serve` is first imported, and `serve.run` checks
+    it in the driver before it sends an application with an ingress request router (direct
+    streaming) to the controller, which runs HAProxy with the cluster's environment. A driver
+    that imported Serve before `cluster_env` set the variable (splitserve's CLI, the tests)
+    holds the stale value, and the check refuses a cluster that has HAProxy. Ray has no API to
+    re-read it: this sets the driver's copy (`ray.serve._private.build_app`'s), pinned by
+    tests/unit/test_ingress.py; upstream, the check would belong in the controller.
+    """
+    from ray.serve._private import build_app
+
+    on = os.environ.get(HA_PROXY) == "1"
+    build_app.RAY_SERVE_ENABLE_HA_PROXY = on
+    return on
+
+
+def cluster_env_of(cfg: Any) -> contextlib.AbstractContextManager[dict[str, str | None]]:
+    """`cluster_env` for a `SplitserveConfig`: its ingress, event loops and direct streaming."""
+    return cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop, route_env(
+        cfg.router.direct_streaming, queue_timeout_s=cfg.tenancy.queue_timeout_s,
+        max_body_bytes=cfg.router.max_body_bytes))
 
 
 def start_serve(host: str, port: int, attempts: int = START_ATTEMPTS) -> None:

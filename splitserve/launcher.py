@@ -38,7 +38,7 @@ from rich.console import Console
 from splitserve import processes
 from splitserve.app import APP_NAME, build_app, resolve_device, serve_run_options
 from splitserve.config import SplitserveConfig
-from splitserve.ingress import cluster_env, start_serve
+from splitserve.ingress import cluster_env_of, start_serve
 from splitserve.kv_transfer.compat import CompatibilityError
 from splitserve.models import build_tiny_model
 
@@ -84,7 +84,7 @@ def start_ray(cfg: SplitserveConfig, *, verbose: bool) -> bool:
         ray.init(address=address, namespace="splitserve", log_to_driver=verbose)
         return False
     # the cluster's processes inherit the environment
-    with cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop):
+    with cluster_env_of(cfg):
         init_local_ray(
             num_cpus=cfg.ray.num_cpus or os.cpu_count(),
             object_store_memory=cfg.ray.object_store_mb * 2**20,

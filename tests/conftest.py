@@ -53,7 +53,7 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     from ray import serve
 
     from splitserve.app import build_app, serve_run_options
-    from splitserve.ingress import cluster_env, start_serve
+    from splitserve.ingress import cluster_env_of, start_serve
     from splitserve.launcher import init_local_ray
     from splitserve.models import build_tiny_model
 
@@ -62,7 +62,7 @@ def _deploy(cfg: SplitserveConfig, device: str) -> Iterator[str]:
     options = {"num_cpus": 2 if device == "cpu" else None,
                "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False,
                "log_to_driver": False, "namespace": "splitserve-tests"}
-    with cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop):
+    with cluster_env_of(cfg):
         init_local_ray(**options)  # retried once when the raylet missed Ray's fixed 30 s wait
     try:
         start_serve(cfg.router.host, cfg.router.port)

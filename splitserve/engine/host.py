@@ -206,6 +206,18 @@ class EngineHost:
                     self._app = await vllm_server.build_app(self.engine, self._frontend_args)
         return self._app
 
+    async def __serve_build_asgi_app__(self) -> Any:
+        """Ray Serve's hook when this pool is the application's HTTP ingress (direct streaming,
+        `engine/front.py`): the replica's front over vLLM's server, handing what the router
+        answers to the router deployment of the same application."""
+        from splitserve.app import ROUTER_DEPLOYMENT
+        from splitserve.engine.front import EngineFront, SettlementPoster
+
+        router = serve.get_deployment_handle(
+            ROUTER_DEPLOYMENT, serve.get_replica_context().app_name).options(stream=True)
+        return EngineFront(await self._openai_app(), lambda call: router.http.remote(call),
+                           SettlementPoster())
+
     async def _stream_server(self) -> StreamServer:
         """This replica's stream server (started once, on first use)."""
         if self._streams is None:

@@ -1,0 +1,123 @@
+"""What the router tells an engine replica that answers a client itself, and what the replica
+tells the router back (`router.direct_streaming`; docs/dataplane.md).
+
+With direct streaming the client's request reaches the decode pool's replica straight from
+HAProxy, and the router is Ray Serve's *ingress request router*: HAProxy first POSTs the body
+to the router's `/internal/route`, which authenticates, admits and picks the replica, and
+answers with the replica and request headers that HAProxy sets on the request. HAProxy strips
+every client header of the router's prefix (`x-serve-router-`) before, so a client cannot
+forge them. The router's headers carry one value (`HEADER`): a `Verdict`, URL-safe base64 of
+its JSON (HAProxy's Lua reads the router's answer with a pattern that allows no quotes in a
+value).
+
+When the replica is done with a request it reports a `Settlement` to the router replica that
+admitted it (`Verdict.settle_url`): the tokens used, for the tenant's quota and usage, and the
+latencies the controller's signals need. Pure data and codecs: no Ray, no network.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+# The router-owned header namespace HAProxy clears of client values (Ray Serve's
+# SERVE_INGRESS_ROUTER_HEADER_PREFIX) and the one header splitserve sets in it.
+PREFIX = "x-serve-router-"
+HEADER = PREFIX + "splitserve"
+
+Kind = Literal["serve", "refuse", "forward"]
+
+
+class VerdictError(ValueError):
+    """A verdict header that cannot be read (not from this router version)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The router's answer for one request.
+
+    `kind`: "serve" (a generation request admitted: the replica rewrites the body's router
+    fields from `request_id`, `model`, `max_tokens` and `cache_salt`, runs it, and settles with
+    `ticket` at `settle_url`); "refuse" (the router's OpenAI error: `status`, `error` (the
+    body) and `headers`, which the replica returns as they are); "forward" (not a request the router admits
+    here: the replica hands it to the router whole).
+    """
+
+    kind: Kind
+    endpoint: str = ""  # "chat" or "completions"
+    request_id: str = ""
+    model: str = ""
+    max_tokens: int | None = None  # the output limit the router set (None: the client's own)
+    cache_salt: str | None = None
+    ticket: str = ""
+    settle_url: str = ""
+    status: int = 0
+    error: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None  # a refusal's own headers (Retry-After)
+
+    def encode(self) -> str:
+        """The header value: URL-safe base64 of the JSON of the fields that are set."""
+        data = {k: v for k, v in asdict(self).items() if v not in (None, "", 0)}
+        return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode()
+
+    @classmethod
+    def decode(cls, value: str | bytes) -> Verdict:
+        """The verdict of a header value; `VerdictError` when it is not one."""
+        try:
+            raw = base64.urlsafe_b64decode(value)
+            data = json.loads(raw)
+        except (binascii.Error, ValueError) as err:
+            raise VerdictError(f"unreadable verdict: {err}") from None
+        known = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or data.get("kind") not in ("serve", "refuse", "forward"):
+            raise VerdictError("unreadable verdict: no kind")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What a directly served request used, reported by the replica once its response ended.
+
+    `generated`: whether the request ran as a generation (False: the replica forwarded it, or
+    refused it before the engine saw it; the router then charges nothing). `first_token_s`:
+    from the replica's start of the request to its first output token; `decode_s`: from then
+    to the last (None: no token). `status`: the HTTP status the client got; `cancelled`: the
+    client left before the end.
+    """
+
+    ticket: str
+    generated: bool = True
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    first_token_s: float | None = None
+    decode_s: float | None = None
+    status: int = 200
+    cancelled: bool = False
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, body: bytes) -> Settlement:
+        """The settlement in `body`; ValueError when it is not one."""
+        data = json.loads(body)
+        if not isinstance(data, dict) or not isinstance(data.get("ticket"), str):
+            raise ValueError("not a settlement")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def guess_endpoint(payload: Any) -> str | None:
+    """Pure: the generation endpoint a request body is for, as far as the body says (HAProxy
+    sends the router the body, not the path): "chat" with `messages`, "completions" with
+    `prompt`, None otherwise. The replica checks it against the request's path."""
+    if not isinstance(payload, dict):
+        return None
+    if "messages" in payload:
+        return "chat"
+    if "prompt" in payload:
+        return "completions"
+    return None
