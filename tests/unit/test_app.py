@@ -62,3 +62,36 @@ def test_request_router_gets_the_pools_max_replicas() -> None:
     assert kwargs["decode"]["index_max_blocks"] == "auto"
     scaled = fixed.with_overrides(**{"autoscaling.max_replicas": 5})
     assert pool_max_replicas(scaled, "prefill") == pool_max_replicas(scaled, "decode") == 5
+
+
+def test_direct_streaming_makes_the_decode_pool_the_ingress() -> None:
+    """With direct streaming the decode deployment serves HTTP (its replicas' front, built by
+    `__serve_build_asgi_app__`) and the router is its ingress request router; without it the
+    router is the ingress, as before. Built in-process, no cluster."""
+    from ray.serve._private.http_util import ASGIAppReplicaWrapper
+
+    from splitserve.app import build_app
+
+    direct = build_app(parse_config({"mode": "colocated", "router": {
+        "direct_ingress": True, "direct_streaming": True}}), "cpu")
+    assert direct._bound_deployment.name == "decode"
+    decode_cls = direct._bound_deployment.func_or_class
+    assert issubclass(decode_cls, ASGIAppReplicaWrapper)
+    assert hasattr(decode_cls, "__serve_build_asgi_app__")
+    assert direct._ingress_request_router._bound_deployment.name == "router"
+    plain = build_app(parse_config({"mode": "colocated"}), "cpu")
+    assert plain._bound_deployment.name == "router"
+    assert plain._ingress_request_router is None
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"mode": "colocated", "router": {"direct_streaming": True}}, "needs router.direct_ingress"),
+    ({"mode": "disaggregated", "router": {"direct_ingress": True, "direct_streaming": True}},
+     "mode colocated only"),
+])
+def test_direct_streaming_config_is_checked(doc: dict, message: str) -> None:
+    from splitserve.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(doc)
+    assert parse_config({}).router.direct_streaming is False  # opt-in

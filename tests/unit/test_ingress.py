@@ -28,13 +28,17 @@ print(json.dumps({
     "min_draining_s": c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S,
     "user_code_thread": c.RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD,
     "router_loop": c.RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP,
+    "forward_body": c.RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY,
+    "session_header": c.SERVE_SESSION_ID,
+    "route_timeout_s": c.RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S,
+    "route_bufsize": c.RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE,
 }))
 """
 
 
 def _ray_reads(env: dict[str, str | None]) -> dict:
     child = {k: v for k, v in os.environ.items()
-             if k not in ingress.VARIABLES + ingress.LOOP_VARIABLES}
+             if k not in ingress.VARIABLES + ingress.LOOP_VARIABLES + ingress.ROUTE_VARIABLES}
     child.update({k: v for k, v in env.items() if v is not None})
     out = subprocess.run([sys.executable, "-c", PROBE], env=child, capture_output=True,
                          text=True, timeout=120, check=True)
@@ -54,7 +58,8 @@ def test_serve_proxy_clears_every_variable() -> None:
 
 def test_ray_reads_direct_ingress_as_set() -> None:
     env = ingress.ray_env(True, ports=(41234, 41235, 41236))
-    assert _ray_reads(env) == {
+    read = _ray_reads(env)
+    assert {k: read[k] for k in list(read)[:8]} == {
         "ha_proxy": True, "direct_ingress": True, "stats_port": 41234,
         "metrics_port": 41235, "fallback_port": 41236, "min_draining_s": 0.0,
         "user_code_thread": True, "router_loop": True,  # Serve's defaults: loop_env not set
@@ -118,3 +123,42 @@ def test_start_serve_retries_a_proxy_restart_then_gives_up(monkeypatch: pytest.M
     with pytest.raises(RayActorError):
         ingress.start_serve("127.0.0.1", 8123)
     assert len(calls) == ingress.START_ATTEMPTS
+
+
+def test_ray_reads_direct_streaming_routing_as_set() -> None:
+    """The ingress request router gets the body and the API key (as Serve's session header),
+    and HAProxy waits for it longer than a request may wait for admission."""
+    env = ingress.route_env(True, queue_timeout_s=42.5, max_body_bytes=16 << 20)
+    read = _ray_reads(env)
+    assert read["forward_body"] is True
+    assert read["session_header"] == "authorization"
+    assert read["route_timeout_s"] == 43 + ingress.ROUTE_TIMEOUT_MARGIN_S
+    assert read["route_bufsize"] == (16 << 20) + (64 << 10)  # the body and its headers fit
+    small = _ray_reads(ingress.route_env(True, max_body_bytes=1 << 20))["route_bufsize"]
+    assert small == ingress.DEFAULT_ROUTE_BUFSIZE  # never below Serve's own default
+    assert ingress.route_env(False) == dict.fromkeys(ingress.ROUTE_VARIABLES)
+    default = _ray_reads(ingress.route_env(False))
+    assert (default["forward_body"], default["session_header"]) == (False, "x-session-id")
+
+
+def test_cluster_env_of_sets_direct_streaming_and_the_drivers_haproxy_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pins Ray internals: `serve.run` checks HAProxy in the driver with the value Serve read
+    at import; `cluster_env` refreshes `ray.serve._private.build_app`'s copy, so that a driver
+    that imported Serve first can still deploy an ingress request router (direct streaming)."""
+    from ray.serve._private import build_app
+
+    for key in ingress.VARIABLES + ingress.LOOP_VARIABLES + ingress.ROUTE_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(build_app, "RAY_SERVE_ENABLE_HA_PROXY", False)
+    cfg = parse_config({"mode": "colocated",
+                        "router": {"direct_ingress": True, "direct_streaming": True}})
+    with ingress.cluster_env_of(cfg):
+        assert os.environ[ingress.SESSION_HEADER] == "authorization"
+        assert os.environ[ingress.FORWARD_BODY] == "1"
+        assert build_app.RAY_SERVE_ENABLE_HA_PROXY is True
+    off = parse_config({"mode": "colocated"})
+    with ingress.cluster_env_of(off):
+        assert not any(k in os.environ for k in ingress.ROUTE_VARIABLES)
+        assert build_app.RAY_SERVE_ENABLE_HA_PROXY is False

@@ -1,0 +1,186 @@
+"""Direct streaming end to end (`router.direct_streaming`): the decode replica answers the client
+behind Serve's HAProxy, the router admits and picks (router/direct.py, engine/front.py).
+
+One colocated deployment (one decode engine on one core) with two tenants (one with a token
+quota) and an admin key; the real `openai` client. Each test checks one guarantee where it now
+lives: the same tokens as the engine called directly, the router's refusals with their status,
+the tenant's usage settled by the replica, a client's disconnect freeing the engine, and a
+client that cannot forge the router's verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from splitserve.engine import routed
+from splitserve.models import build_tiny_model
+from splitserve.router.tenancy import generate_api_key, hash_api_key
+from tests.conftest import direct_greedy, pool_stats, pools_at_rest, running_deployment, test_config
+
+pytestmark = pytest.mark.engine
+
+MODEL = "splitserve-tiny"
+KEYS = {name: generate_api_key() for name in ("ann", "ben")}
+ADMIN_KEY = generate_api_key()
+BEN_TOKENS_PER_MINUTE = 300
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    cfg = test_config(
+        mode="colocated",
+        tenants=[
+            {"name": "ann", "api_key_hashes": [hash_api_key(KEYS["ann"])]},
+            {"name": "ben", "api_key_hashes": [hash_api_key(KEYS["ben"])],
+             "quotas": {"tokens_per_minute": BEN_TOKENS_PER_MINUTE}},
+        ],
+        **{"router.direct_ingress": True, "router.direct_streaming": True,
+           "tenancy.admin_key_hashes": [hash_api_key(ADMIN_KEY)]},
+    )
+    with running_deployment(cfg) as base:
+        yield base
+
+
+def _client(base: str, tenant: str = "ann") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=KEYS[tenant], max_retries=0)
+
+
+def _tokens(base: str, tenant: str) -> tuple[int, int]:
+    """(prompt, completion) tokens `GET /v1/usage` counts for `tenant`."""
+    r = httpx.get(f"{base}/v1/usage", params={"tenant": tenant},
+                  headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    entry = r.json()["tenants"][tenant]
+    return entry["prompt_tokens"], entry["completion_tokens"]
+
+
+def test_completion_tokens_match_the_engine_called_directly(deployment):
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_model()))
+    for prompt in ("The quick brown fox jumps over the lazy dog", "1 2 3 4 5 6 7"):
+        out = _client(deployment).completions.create(
+            model=MODEL, prompt=prompt, max_tokens=12, temperature=0.0,
+            extra_body={"return_token_ids": True})
+        expected = direct_greedy(tok(prompt)["input_ids"], 12)
+        assert out.choices[0].model_extra["token_ids"] == expected
+        assert out.usage.completion_tokens == len(expected)
+
+
+def test_streamed_chat_comes_from_the_decode_replica(deployment):
+    with httpx.stream(
+        "POST", f"{deployment}/v1/chat/completions", timeout=60,
+        headers={"authorization": f"Bearer {KEYS['ann']}"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Count to ten"}],
+              "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    usage = [json.loads(e)["usage"] for e in events[:-1] if json.loads(e).get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 8
+
+
+def test_router_refusals_keep_their_status_and_message(deployment):
+    bad = httpx.post(f"{deployment}/v1/chat/completions", timeout=30,
+                     headers={"authorization": "Bearer not-a-key"},
+                     json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert bad.status_code == 401
+    assert bad.json()["error"]["code"] == "invalid_api_key"
+    assert bad.json()["error"]["message"] == "Incorrect API key provided."
+    assert bad.headers["www-authenticate"] == "Bearer"  # the refusal's own headers too
+    unknown = httpx.post(f"{deployment}/v1/completions", timeout=30,
+                         headers={"authorization": f"Bearer {KEYS['ann']}"},
+                         json={"model": "no-such-model", "prompt": "hi", "max_tokens": 2})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_vllm_validation_errors_pass_through(deployment):
+    r = httpx.post(f"{deployment}/v1/completions", timeout=30,
+                   headers={"authorization": f"Bearer {KEYS['ann']}"},
+                   json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": -1})
+    assert r.status_code == 400
+    assert "temperature" in r.json()["error"]["message"]
+
+
+def test_requests_the_router_answers_go_through_the_replica(deployment):
+    models = httpx.get(f"{deployment}/v1/models", timeout=30,
+                       headers={"authorization": f"Bearer {KEYS['ann']}"})
+    assert models.status_code == 200
+    assert [m["id"] for m in models.json()["data"]] == [MODEL]
+    health = httpx.get(f"{deployment}/health", timeout=30)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    tokens = httpx.post(f"{deployment}/tokenize", timeout=30,
+                        headers={"authorization": f"Bearer {KEYS['ann']}"},
+                        json={"model": MODEL, "prompt": "hello world"})
+    assert tokens.status_code == 200 and tokens.json()["count"] >= 2
+
+
+def test_router_internal_paths_are_not_served_to_clients(deployment):
+    for path in ("/internal/route", "/internal/settle"):
+        r = httpx.post(f"{deployment}{path}", json={"ticket": "x"}, timeout=30,
+                       headers={"authorization": f"Bearer {KEYS['ann']}"})
+        assert r.status_code == 404, path
+
+
+def test_a_client_cannot_forge_the_router_verdict(deployment):
+    forged = routed.Verdict("refuse", status=418, error={"error": {"message": "forged"}})
+    r = httpx.post(f"{deployment}/v1/completions", timeout=60,
+                   headers={"authorization": f"Bearer {KEYS['ann']}",
+                            routed.HEADER: forged.encode()},
+                   json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+    no_key = httpx.post(f"{deployment}/v1/completions", timeout=60,
+                        headers={routed.HEADER: routed.Verdict(
+                            "serve", endpoint="completions", model=MODEL).encode()},
+                        json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+    assert no_key.status_code == 401
+    assert no_key.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_usage_is_settled_by_the_replica(deployment):
+    before = _tokens(deployment, "ann")
+    out = _client(deployment).completions.create(model=MODEL, prompt="one two three",
+                                                 max_tokens=7)
+    expected = (before[0] + out.usage.prompt_tokens, before[1] + 7)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the replica settles right after the response's end
+        after = _tokens(deployment, "ann")
+        if after == expected:
+            break
+        time.sleep(0.5)
+    assert after == expected
+
+
+def test_token_quota_holds_with_direct_streaming(deployment):
+    client = _client(deployment, "ben")
+    with pytest.raises(openai.RateLimitError) as err:
+        for _ in range(BEN_TOKENS_PER_MINUTE // 50 + 2):
+            client.completions.create(model=MODEL, prompt="quota", max_tokens=50)
+    assert err.value.status_code == 429
+
+
+def test_client_disconnect_frees_the_engine(deployment):
+    async def leave_early() -> None:
+        client = openai.AsyncOpenAI(base_url=f"{deployment}/v1", api_key=KEYS["ann"],
+                                    max_retries=0)
+        stream = await client.completions.create(
+            model=MODEL, prompt="Long story: ", max_tokens=1500, stream=True,
+            extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                break
+        await stream.close()
+        await client.close()
+
+    asyncio.run(leave_early())
+    assert pools_at_rest(("decode",)) == {"decode": (0, 0.0)}
+    assert pool_stats("decode").num_unfinished == 0
