@@ -620,6 +620,15 @@ class RayConfig(_Strict):
         "(separate loops). Applies to a Ray cluster splitserve starts; a running cluster "
         "(ray.address, the Helm chart's pods) takes it from its own environment.",
     )
+    worker_niceness: int = Field(
+        0, ge=0, le=19,
+        description="The scheduling niceness of Ray's worker processes: every replica and the "
+        "engines' processes they start (Ray's RAY_worker_niceness). 0, as for vLLM's own "
+        "server: the serving processes are the node's main work and do not yield the CPU to "
+        "every other process (an engine's step waits for its host thread). Ray's default, 15, "
+        "is meant for batch work that must not starve Ray's own daemons. Applies to a Ray "
+        "cluster splitserve starts and to the Helm chart's Ray pods.",
+    )
 
 
 class AutoscalingConfig(_Strict):

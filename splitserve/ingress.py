@@ -93,6 +93,11 @@ def route_env(
     }
 
 
+# Ray starts its worker processes (every replica, and the engines' processes they start) with
+# this niceness, 15 by default (`ray.worker_niceness`).
+NICENESS = "RAY_worker_niceness"
+
+
 def loop_env(one_loop: bool) -> dict[str, str | None]:
     """The environment of `ray.one_event_loop` (pure): "0" for both, or unset (Serve's
     default)."""
@@ -116,13 +121,16 @@ def ray_env(direct: bool, *, ports: tuple[int, int, int]) -> dict[str, str | Non
 
 
 def apply_ray_env(
-    direct: bool, one_loop: bool = True, route: dict[str, str | None] | None = None
+    direct: bool, one_loop: bool = True, route: dict[str, str | None] | None = None,
+    niceness: int | None = None,
 ) -> dict[str, str | None]:
-    """Set (or clear) the variables of `ray_env`, `loop_env` and `route` (`route_env`'s, or
-    none: cleared) in this process's environment, which a local cluster started afterwards
-    inherits; returns what was set. Call before `ray.init`."""
+    """Set (or clear) the variables of `ray_env`, `loop_env`, `route` (`route_env`'s, or
+    none: cleared) and the workers' `niceness` (None: Ray's default) in this process's
+    environment, which a local cluster started afterwards inherits; returns what was set. Call
+    before `ray.init`."""
     env = {**ray_env(direct, ports=free_ports(3) if direct else (0, 0, 0)), **loop_env(one_loop),
-           **(route if route is not None else route_env(False))}
+           **(route if route is not None else route_env(False)),
+           NICENESS: None if niceness is None else str(niceness)}
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)
@@ -133,13 +141,14 @@ def apply_ray_env(
 
 @contextlib.contextmanager
 def cluster_env(
-    direct: bool, one_loop: bool = True, route: dict[str, str | None] | None = None
+    direct: bool, one_loop: bool = True, route: dict[str, str | None] | None = None,
+    niceness: int | None = None,
 ) -> Iterator[dict[str, str | None]]:
     """`apply_ray_env` for a local cluster started inside the block (its processes inherit the
     environment when they start); on leaving, the loop switches leave this process's own
     environment, so that its deployment handles, also called from synchronous code (the
     launcher's drain, tests), keep Serve's default loop."""
-    env = apply_ray_env(direct, one_loop, route)
+    env = apply_ray_env(direct, one_loop, route, niceness)
     sync_driver_haproxy()
     try:
         yield env
@@ -177,10 +186,11 @@ def sync_driver_haproxy() -> bool:
 
 
 def cluster_env_of(cfg: Any) -> contextlib.AbstractContextManager[dict[str, str | None]]:
-    """`cluster_env` for a `SplitserveConfig`: its ingress, event loops and direct streaming."""
+    """`cluster_env` for a `SplitserveConfig`: its ingress, event loops, direct streaming and
+    workers' niceness."""
     return cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop, route_env(
         cfg.router.direct_streaming, queue_timeout_s=cfg.tenancy.queue_timeout_s,
-        max_body_bytes=cfg.router.max_body_bytes))
+        max_body_bytes=cfg.router.max_body_bytes), cfg.ray.worker_niceness)
 
 
 def start_serve(host: str, port: int, attempts: int = START_ATTEMPTS) -> None:

@@ -369,6 +369,30 @@ def test_replicas_run_on_one_event_loop_and_this_process_keeps_serves_default(de
     assert not any(k in os.environ for k in ingress.LOOP_VARIABLES)
 
 
+def test_replicas_and_engines_run_at_the_configured_niceness(deployment):
+    """`ray.worker_niceness` (0 by default, not Ray's 15) for every replica and the engine's
+    processes it starts (its EngineCore and model worker)."""
+    import os
+
+    from pathlib import Path
+
+    want = load_config(None).ray.worker_niceness
+    seen = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if title.startswith(("ray::ServeReplica:splitserve:", "VLLM::")):
+            try:
+                seen[title.split()[0]] = os.getpriority(os.PRIO_PROCESS, int(proc.name))
+            except OSError:
+                continue
+    assert any(t.startswith("VLLM::Worker") for t in seen), seen
+    assert any(t.startswith("ray::ServeReplica:splitserve:router") for t in seen), seen
+    assert set(seen.values()) == {want}, seen
+
+
 def test_a_bad_timeout_header_is_400(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(

@@ -132,6 +132,21 @@ def test_ray_pods_get_the_one_event_loop_switches(render_chart, tmp_path, valida
         assert {k: env[k] for k in ingress.LOOP_VARIABLES if k in env} == want
 
 
+@pytest.mark.parametrize("niceness", [None, 7])
+def test_ray_pods_get_the_workers_niceness(render_chart, tmp_path, validate, niceness) -> None:
+    """`ray.worker_niceness` (0 unless set, not Ray's 15) reaches every Ray pod's environment,
+    where the raylet reads it for the replicas and engines it starts."""
+    from splitserve import ingress
+
+    config = {} if niceness is None else {"ray": {"worker_niceness": niceness}}
+    docs = _render(render_chart, tmp_path, validate, _values("tcp", {}, **config))
+    (rs,) = [d for d in docs if d["kind"] == "RayService"]
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    for pod in [head, *_groups(docs).values()]:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        assert env[ingress.NICENESS] == str(0 if niceness is None else niceness)
+
+
 @pytest.mark.parametrize("case", ["infiniband-rails", "efa", "custom-hostnet"])
 def test_llmisvc_workloads_get_the_fabric(render_chart, tmp_path, validate, case) -> None:
     # The chart's LLMInferenceService (validated against its CRD) equals the Python render for

@@ -149,7 +149,8 @@ def test_cluster_env_of_sets_direct_streaming_and_the_drivers_haproxy_flag(
     that imported Serve first can still deploy an ingress request router (direct streaming)."""
     from ray.serve._private import build_app
 
-    for key in ingress.VARIABLES + ingress.LOOP_VARIABLES + ingress.ROUTE_VARIABLES:
+    for key in ingress.VARIABLES + ingress.LOOP_VARIABLES + ingress.ROUTE_VARIABLES + (
+            ingress.NICENESS,):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(build_app, "RAY_SERVE_ENABLE_HA_PROXY", False)
     cfg = parse_config({"mode": "colocated",
@@ -158,7 +159,9 @@ def test_cluster_env_of_sets_direct_streaming_and_the_drivers_haproxy_flag(
         assert os.environ[ingress.SESSION_HEADER] == "authorization"
         assert os.environ[ingress.FORWARD_BODY] == "1"
         assert build_app.RAY_SERVE_ENABLE_HA_PROXY is True
-    off = parse_config({"mode": "colocated"})
+        assert os.environ[ingress.NICENESS] == "0"  # ray.worker_niceness's default, not Ray's
+    off = parse_config({"mode": "colocated", "ray": {"worker_niceness": 15}})
     with ingress.cluster_env_of(off):
         assert not any(k in os.environ for k in ingress.ROUTE_VARIABLES)
         assert build_app.RAY_SERVE_ENABLE_HA_PROXY is False
+        assert os.environ[ingress.NICENESS] == "15"

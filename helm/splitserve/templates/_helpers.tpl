@@ -211,13 +211,15 @@ RayService and the KServe modes use it, and so does the model download Job.
 {{/*
 The Ray pods' env (JSON list): splitserve.env, then Ray Serve's one-event-loop switches when
 config.ray.one_event_loop is on (the default; splitserve/ingress.py, loop_env): each replica
-runs its code and its handles' request router on its main event loop.
+runs its code and its handles' request router on its main event loop; and the niceness of
+Ray's worker processes, config.ray.worker_niceness (0 unless set; Ray's own default is 15).
 */}}
 {{- define "splitserve.rayEnv" -}}
 {{- $env := include "splitserve.env" . | fromJsonArray }}
 {{- if dig "ray" "one_event_loop" true (.Values.config | default dict) }}
 {{- $env = concat $env (list (dict "name" "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" "value" "0") (dict "name" "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP" "value" "0")) }}
 {{- end }}
+{{- $env = append $env (dict "name" "RAY_worker_niceness" "value" (toString (dig "ray" "worker_niceness" 0 (.Values.config | default dict)))) }}
 {{- toJson $env }}
 {{- end }}
 
