@@ -146,15 +146,7 @@ class EngineFront:
                    if k.lower() != b"content-length" and not k.lower().startswith(_PREFIX)]
         headers.append((b"content-length", str(len(new_body)).encode()))
         inner = {**scope, "headers": headers}
-        delivered = False
-
-        async def inner_receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": new_body, "more_body": False}
-            return await receive()
-
+        inner_receive = vllm_server.body_then(new_body, receive)  # then the client's disconnect
         status = 500
         ended = False
 

@@ -210,6 +210,21 @@ class _Mailbox:
         return out
 
 
+def body_then(body: bytes, after: Callable[[], Any]) -> Callable[[], Any]:
+    """An ASGI `receive` that gives `body` whole first, then whatever `after()` gives (the
+    client's disconnect, when it comes)."""
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await after()
+
+    return receive
+
+
 @dataclass(frozen=True)
 class HTTPResponseStart:
     """The status line and headers of a response from vLLM's server."""
@@ -229,15 +244,12 @@ async def call_asgi(
     """
     box = _Mailbox()
     disconnected = asyncio.Event()
-    sent_body = False
 
-    async def receive() -> dict[str, Any]:
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": body, "more_body": False}
+    async def left() -> dict[str, Any]:
         await disconnected.wait()
         return {"type": "http.disconnect"}
+
+    receive = body_then(body, left)
 
     async def send(message: dict[str, Any]) -> None:
         box.put(message)

@@ -152,17 +152,11 @@ def _scope(path: str, verdict: Verdict | None = None, method: str = "POST") -> d
 
 
 def _receive(body: bytes):
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+    async def connected() -> dict[str, Any]:
         await asyncio.sleep(3600)
         return {"type": "http.disconnect"}
 
-    return receive
+    return vllm_server.body_then(body, connected)
 
 
 class _Engine:
