@@ -123,6 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="py-spy on the router and engine replicas (and the plain server's "
                    "process) during each measured run: OUT/<server>/profile-<role>-<pid>.txt")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the servers this many times, every other round in reverse order "
+                   "(OUT/round-K), and report each server's median ratio to the plain server "
+                   "of the same round: this machine's speed drifts between runs")
     p.add_argument("--out", default="bench-results/dataplane")
     p.add_argument("--start-timeout-s", type=float, default=600.0,
                    help="how long the plain server may take to answer /health")
@@ -304,6 +308,53 @@ def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
     else:
         out.append(("disaggregated tok/s per engine >= colocated's (not measured)", None))
     return out
+
+
+def round_orders(servers: list[str], rounds: int) -> list[list[str]]:
+    """Pure: the servers' order in each round, every other round reversed (so that a drift of
+    the machine's speed does not always favour the same server)."""
+    return [list(servers) if i % 2 == 0 else list(reversed(servers)) for i in range(rounds)]
+
+
+def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Pure: one row per server over `rounds` (each a `with_ratios` list: every ratio is to the
+    plain server of the same round): the median of each figure over the rounds it completed,
+    the ratios' spread as `throughput_ratios` / `tpot_ratios`, `rounds` counted."""
+    import statistics
+
+    servers: dict[str, list[dict[str, Any]]] = {}
+    for rows in rounds:
+        for row in rows:
+            servers.setdefault(row["server"], []).append(row)
+    out = []
+    for server, rows in servers.items():
+        ok = [r for r in rows if "error" not in r]
+        if not ok:
+            out.append({**rows[-1], "rounds": 0})
+            continue
+        row: dict[str, Any] = {"server": server, "label": ok[0]["label"], "rounds": len(ok),
+                               "completed": sum(r["completed"] for r in ok),
+                               "failed": sum(r["failed"] for r in ok)}
+        for key in ("output_throughput", "output_throughput_per_engine", "median_tpot_ms"):
+            row[key] = statistics.median(r[key] for r in ok)
+        for key in ("throughput_ratio", "tpot_ratio"):
+            values = [r[key] for r in ok if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+            row[key + "s"] = values
+        out.append(row)
+    return out
+
+
+def format_rounds(rows: list[dict[str, Any]]) -> str:
+    """Each server's ratios to plain vLLM round by round, and their medians."""
+    header = ["server", "rounds", "vs plain vLLM, by round", "median", "TPOT vs plain, by round",
+              "median"]
+    lines = [[r["label"], str(r["rounds"]),
+              ", ".join(_ratio(v) for v in r.get("throughput_ratios", [])),
+              _ratio(r.get("throughput_ratio")),
+              ", ".join(_ratio(v) for v in r.get("tpot_ratios", [])),
+              _ratio(r.get("tpot_ratio"))] for r in rows if r["server"] != "plain"]
+    return markdown_table(header, lines, right={1, 3, 5})
 
 
 def format_goals(items: list[tuple[str, bool | None]]) -> str:
@@ -642,6 +693,9 @@ def main(argv: list[str] | None = None) -> None:
 
     model_dir = str(build_tiny_model())
     out = Path(args.out)
+    if args.rounds > 1:
+        run_rounds(args, model_dir, out)
+        return
     results = run_all(args, model_dir, out, lambda res: write_results(args, out, res))
     rows = with_ratios([{k: v for k, v in r.items() if k != "cpu"} for r in results])
     print(f"\nwrote {out / 'results.json'}")
@@ -653,6 +707,30 @@ def main(argv: list[str] | None = None) -> None:
     print(format_cpu(results))
     print("\nIssue #26's goals\n")
     print(format_goals(goals(rows)))
+
+
+def run_rounds(args: argparse.Namespace, model_dir: str, out: Path) -> None:
+    """`--rounds`: every round as a run of its own (OUT/round-K/results.json, its tables), then
+    each server's median ratios over the rounds (OUT/rounds.json) and the goals on them."""
+    rounds = []
+    servers = args.servers
+    for k, order in enumerate(round_orders(servers, args.rounds), start=1):
+        print(f"\n== round {k} of {args.rounds}: {', '.join(order)}", flush=True)
+        args.servers = order
+        where = out / f"round-{k}"
+        results = run_all(args, model_dir, where, lambda res, w=where: write_results(args, w, res))
+        rows = with_ratios([{k: v for k, v in r.items() if k != "cpu"} for r in results])
+        print(format_throughput(rows))
+        rounds.append(rows)
+    args.servers = servers
+    medians = median_rows(rounds)
+    (out / "rounds.json").write_text(json.dumps({"rounds": rounds, "medians": medians},
+                                                indent=2) + "\n")
+    print(f"\nwrote {out / 'rounds.json'}\n\nRatios to the plain vLLM server of the same round "
+          f"({args.rounds} rounds)\n")
+    print(format_rounds(medians))
+    print("\nIssue #26's goals, on the medians\n")
+    print(format_goals(goals(medians)))
 
 
 if __name__ == "__main__":

@@ -306,3 +306,44 @@ def test_top_frames_counts_each_function_once_per_stack_it_is_on(bench):
         ["100.0%", "main (a.py:1)"], ["80.0%", "relay (r.py:5)"], ["60.0%", "encode (j.py:9)"]]
     recursive = "f (a.py:1);f (a.py:1) 4"
     assert bench.top_frames(recursive, n=1).split() == ["100.0%", "f", "(a.py:1)"]
+
+
+# --- rounds ----------------------------------------------------------------------------------
+
+
+def test_rounds_alternate_the_servers_order(bench):
+    assert bench.round_orders(["plain", "colocated", "colocated-direct"], 3) == [
+        ["plain", "colocated", "colocated-direct"], ["colocated-direct", "colocated", "plain"],
+        ["plain", "colocated", "colocated-direct"]]
+    assert bench.parse_args(["--rounds", "3"]).rounds == 3
+    assert bench.parse_args([]).rounds == 1
+
+
+def test_direct_streaming_server_differs_only_in_direct_streaming(bench):
+    colo = load_config(None).with_overrides(**bench.splitserve_overrides("colocated"))
+    direct = load_config(None).with_overrides(**bench.splitserve_overrides("colocated-direct"))
+    assert direct.router.direct_streaming and not colo.router.direct_streaming
+    assert colo.model_dump(exclude={"router": {"direct_streaming"}}) == direct.model_dump(
+        exclude={"router": {"direct_streaming"}})
+
+
+def test_medians_take_each_rounds_ratio_to_its_own_plain_server(bench):
+    # the machine slows down between rounds: plain 3,200 then 2,400 tok/s
+    first = bench.with_ratios([bench.summarize("plain", result(3200.0, 8.0)),
+                               bench.summarize("colocated", result(2400.0, 10.0))])
+    second = bench.with_ratios([bench.summarize("colocated", result(2160.0, 12.0)),
+                                bench.summarize("plain", result(2400.0, 10.0))])
+    third = bench.with_ratios([bench.summarize("plain", result(3000.0, 9.0)),
+                               {"server": "colocated", "label": "c", "error": "boom"}])
+    medians = {r["server"]: r for r in bench.median_rows([first, second, third])}
+    colo = medians["colocated"]
+    assert colo["rounds"] == 2 and colo["throughput_ratios"] == [0.75, 0.9]
+    assert colo["throughput_ratio"] == pytest.approx(0.825)
+    assert colo["tpot_ratio"] == pytest.approx((1.25 + 1.2) / 2)
+    assert colo["output_throughput"] == 2280.0 and colo["completed"] == 320
+    assert medians["plain"]["throughput_ratio"] == 1.0
+    table = bench.format_rounds(list(medians.values()))
+    assert ("| splitserve colocated, 1 engine on 1 core | 2 | 0.75, 0.90 | 0.82 | 1.25, 1.20 "
+            "| 1.23 |") in table
+    (through, tpot, _) = bench.goals(list(medians.values()))
+    assert through == ("colocated output tok/s >= 0.9x plain vLLM's (got 0.82x)", False)
