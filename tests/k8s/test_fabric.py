@@ -231,3 +231,33 @@ def test_schema_rejects_bad_fabric_values(helm, tmp_path: Path, override: str, k
     bad.write_text(override)
     r = helm("template", "t", str(CHART), "-f", str(bad))
     assert r.returncode != 0 and key in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("router", "tenancy"), [
+    ({}, {}),
+    ({"direct_ingress": True}, {}),
+    ({"direct_ingress": True, "direct_streaming": True, "max_body_bytes": 16 << 20},
+     {"queue_timeout_s": 42.5}),
+])
+def test_ray_pods_get_direct_ingress_and_streaming(render_chart, tmp_path, validate, router,
+                                                   tenancy) -> None:
+    """`router.direct_ingress` turns Serve's HAProxy on in every Ray pod, and
+    `router.direct_streaming` adds the ingress request router's settings, the values
+    `splitserve.ingress.route_env` gives a cluster splitserve starts."""
+    from splitserve import ingress
+    from splitserve.config import parse_config
+
+    config = {"mode": "colocated", "router": {"host": "0.0.0.0", **router}}
+    if tenancy:
+        config["tenancy"] = tenancy
+    docs = _render(render_chart, tmp_path, validate, _values("tcp", {}, **config))
+    (rs,) = [d for d in docs if d["kind"] == "RayService"]
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    cfg = parse_config(config)
+    want_routing = {k: v for k, v in ingress.route_env(
+        cfg.router.direct_streaming, queue_timeout_s=cfg.tenancy.queue_timeout_s,
+        max_body_bytes=cfg.router.max_body_bytes).items() if v is not None}
+    for pod in [head, *_groups(docs).values()]:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        assert env.get(ingress.HA_PROXY) == ("1" if cfg.router.direct_ingress else None)
+        assert {k: env[k] for k in ingress.ROUTE_VARIABLES if k in env} == want_routing

@@ -211,8 +211,11 @@ RayService and the KServe modes use it, and so does the model download Job.
 {{/*
 The Ray pods' env (JSON list): splitserve.env, then Ray Serve's one-event-loop switches when
 config.ray.one_event_loop is on (the default; splitserve/ingress.py, loop_env): each replica
-runs its code and its handles' request router on its main event loop; and the niceness of
-Ray's worker processes, config.ray.worker_niceness (0 unless set; Ray's own default is 15).
+runs its code and its handles' request router on its main event loop; the niceness of Ray's
+worker processes, config.ray.worker_niceness (0 unless set; Ray's own default is 15); with
+config.router.direct_ingress, Serve's HAProxy (RAY_SERVE_ENABLE_HA_PROXY; its statistics and
+metrics ports stay Serve's defaults, on the pod's network); with direct_streaming too, the
+ingress request router's settings (splitserve/ingress.py, route_env: the same values).
 */}}
 {{- define "splitserve.rayEnv" -}}
 {{- $env := include "splitserve.env" . | fromJsonArray }}
@@ -220,6 +223,15 @@ Ray's worker processes, config.ray.worker_niceness (0 unless set; Ray's own defa
 {{- $env = concat $env (list (dict "name" "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" "value" "0") (dict "name" "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP" "value" "0")) }}
 {{- end }}
 {{- $env = append $env (dict "name" "RAY_worker_niceness" "value" (toString (dig "ray" "worker_niceness" 0 (.Values.config | default dict)))) }}
+{{- $router := dig "router" (dict) (.Values.config | default dict) }}
+{{- if $router.direct_ingress }}
+{{- $env = append $env (dict "name" "RAY_SERVE_ENABLE_HA_PROXY" "value" "1") }}
+{{- end }}
+{{- if and $router.direct_ingress $router.direct_streaming }}
+{{- $queue := dig "tenancy" "queue_timeout_s" 30.0 (.Values.config | default dict) }}
+{{- $body := int (default 1048576 $router.max_body_bytes) }}
+{{- $env = concat $env (list (dict "name" "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY" "value" "1") (dict "name" "RAY_SERVE_SESSION_ID_HEADER_KEY" "value" "authorization") (dict "name" "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S" "value" (toString (add (int (ceil (float64 $queue))) 5))) (dict "name" "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE" "value" (toString (max 8388608 (add $body 65536))))) }}
+{{- end }}
 {{- toJson $env }}
 {{- end }}
 
