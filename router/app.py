@@ -413,7 +413,7 @@ class Router:
         leases = self._direct_only()
         self._start_background()
         await direct.close_expired(leases)
-        server = request.scope.get("server") or (self.cfg.router.host, self.cfg.router.port)
+        server = request.scope["server"]  # where HAProxy reached this replica
         verdict, gen_req = await self._route_verdict(
             request.headers, await request.body(), f"http://{server[0]}:{server[1]}")
         try:
@@ -446,7 +446,7 @@ class Router:
             if endpoint is None:  # not a generation: the replica hands it to the router
                 return Verdict("forward"), None
             tenant = self.tenancy.authenticate(headers.get("authorization"))
-            prep = self._prepare(endpoint, tenant, body)
+            prep = self._prepare(forward.Forwarded(endpoint, payload), tenant)
             ticket = await self._lease(tenant, prep)
         except APIError as err:
             return Verdict("refuse", status=err.status, error=err.body(),
@@ -515,14 +515,10 @@ class Router:
         """A client request an engine replica hands over whole (direct streaming: all but the
         generation requests the router admitted), answered by this router's own HTTP app
         in-process: yields the response's start, then its body parts."""
-        from splitserve.engine.vllm_server import HTTPResponseStart, call_asgi
+        from splitserve.engine.vllm_server import call_chunks
 
-        async for part in call_asgi(app, call.method, call.path, call.headers, call.encoded(),
-                                    call.query):
-            if isinstance(part, HTTPResponseStart):
-                yield GenerateChunk((), "", status=part.status, headers=part.headers)
-            else:
-                yield GenerateChunk((), "", data=part)
+        async for chunk in call_chunks(app, call):
+            yield chunk
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -575,8 +571,8 @@ class Router:
         tenant = self.tenancy.authenticate(request.headers.get("authorization"))
         trace.describe(tenant=tenant)
         obs.describe(tenant=tenant.name)
-        prep = self._prepare(endpoint, tenant,
-                             await read_body(request, self.cfg.router.max_body_bytes))
+        prep = self._prepare(forward.parse(
+            endpoint, await read_body(request, self.cfg.router.max_body_bytes)), tenant)
         fwd, route, gen_req = prep.fwd, prep.route, prep.request
         trace.describe(request=gen_req, stream=fwd.stream)
         obs.describe(request=gen_req, stream=fwd.stream,
@@ -593,12 +589,11 @@ class Router:
             return await self._stream(chunks)
         return await self._whole(chunks)
 
-    def _prepare(self, endpoint: str, tenant: Tenant, body: bytes) -> Prepared:
-        """A generation request's body as the engines get it: parsed, its model resolved to a
-        served model or adapter, its prompt counted, its output budget set (what the client
-        asked for; else what the context leaves, or less where the tenant's token limits end
-        it first, and then the engine stops there too) and its router fields written."""
-        fwd = forward.parse(endpoint, body)
+    def _prepare(self, fwd: forward.Forwarded, tenant: Tenant) -> Prepared:
+        """A generation request's body as the engines get it: its model resolved to a served
+        model or adapter, its prompt counted, its output budget set (what the client asked
+        for; else what the context leaves, or less where the tenant's token limits end it
+        first, and then the engine stops there too) and its router fields written."""
         target = self.catalog.resolve(
             fwd.model or self.primary_model(), allowed=tenant.allowed_models,
             key=fwd.user or uuid.uuid4().hex,

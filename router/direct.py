@@ -68,9 +68,15 @@ class Leases:
         return self._open.pop(key, None)
 
     def expired(self) -> list[Lease]:
-        """The leases past their expiry, no longer held."""
+        """The leases past their expiry, no longer held. Every lease of a replica lives as long
+        (the deadline plus the grace), so they expire in the order they were added: the look
+        stops at the first one still valid (called on every route, it must not scan them all)."""
         now = self.clock()
-        gone = [k for k, lease in self._open.items() if lease.expires_at <= now]
+        gone = []
+        for key, lease in self._open.items():
+            if lease.expires_at > now:
+                break
+            gone.append(key)
         return [self._open.pop(k) for k in gone]
 
 

@@ -40,7 +40,7 @@ ToRouter = Callable[[HTTPCall], AsyncIterator[GenerateChunk]]
 Settle = Callable[[str, Settlement], Awaitable[None]]
 
 
-def _error_body(status: int, message: str, type_: str, code: str | None = None) -> bytes:
+def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
     return json.dumps({"error": {"message": message, "type": type_, "param": None,
                                  "code": code}}).encode()
 
@@ -113,14 +113,14 @@ class EngineFront:
             return
         path = scope.get("path", "")
         if path.startswith("/internal/"):
-            await _respond(send, 404, _error_body(404, "Not found.", "invalid_request_error",
+            await _respond(send, 404, _error_body("Not found.", "invalid_request_error",
                                                   "not_found"))
             return
         try:
             verdict = verdict_of(scope["headers"])
         except VerdictError as err:
             log.error("front: %s", err)
-            await _respond(send, 500, _error_body(500, "The router's verdict is unreadable.",
+            await _respond(send, 500, _error_body("The router's verdict is unreadable.",
                                                   "server_error"))
             return
         body = await _read_body(receive)
@@ -215,7 +215,7 @@ class EngineFront:
                         err)
         if not started:
             await _respond(send, 503, _error_body(
-                503, "The router is unavailable; retry later.", "service_unavailable"),
+                "The router is unavailable; retry later.", "service_unavailable"),
                 {"Retry-After": "1"})
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -232,15 +232,8 @@ class EngineHost:
     async def serve_http(self, call: HTTPCall) -> AsyncIterator[GenerateChunk]:
         """Forward `call` to vLLM's server (no engine hooks: `/tokenize`, `/detokenize`,
         `/version`, ...): yields the response start, then its body parts."""
-        app = await self._openai_app()
-        async for part in vllm_server.call_asgi(
-            app, call.method, call.path, call.headers, call.encoded(), call.query
-        ):
-            if isinstance(part, vllm_server.HTTPResponseStart):
-                yield GenerateChunk((), "", status=part.status, headers=part.headers,
-                                    replica=self._holder)
-            else:
-                yield GenerateChunk((), "", data=part, replica=self._holder)
+        async for chunk in vllm_server.call_chunks(await self._openai_app(), call, self._holder):
+            yield chunk
 
     async def _generate_http(self, req: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """`req.http` through vLLM's server, with the engine hooks of a request (the KV

@@ -311,6 +311,20 @@ async def call_asgi(
                 await task
 
 
+async def call_chunks(app: Any, call: Any, replica: str = "") -> AsyncIterator[Any]:
+    """`call_asgi` of an `HTTPCall`, as `GenerateChunk`s: the response's start (status and
+    headers), then its body parts; `replica` names the replica that answered."""
+    from splitserve.engine.messages import GenerateChunk
+
+    async for part in call_asgi(app, call.method, call.path, call.headers, call.encoded(),
+                                call.query):
+        if isinstance(part, HTTPResponseStart):
+            yield GenerateChunk((), "", status=part.status, headers=part.headers,
+                                replica=replica)
+        else:
+            yield GenerateChunk((), "", data=part, replica=replica)
+
+
 _END = object()
 
 
