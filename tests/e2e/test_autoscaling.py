@@ -79,7 +79,9 @@ def deployment():
             "autoscaling.target_ongoing_requests": TARGET_ONGOING,
             "autoscaling.control_period_s": 1.0,
             "autoscaling.upscale_cooldown_s": 2.0,
-            "autoscaling.downscale_cooldown_s": 10.0,
+            # Long enough for the trickle's streams to reach both replicas before the scale-down
+            # (at 10 s a CI run once removed a replica that none of them had reached yet).
+            "autoscaling.downscale_cooldown_s": 30.0,
             "autoscaling.warmup_samples": 1,
             "autoscaling.min_replicas": 1,
             "autoscaling.max_replicas": 2,
