@@ -511,8 +511,11 @@ def cpu_window(record: dict[str, Any]) -> Iterator[None]:
         vllm_serve.benchmark = real
 
 
-# The roles --profile samples: where the Python work per token is.
+# The roles --profile samples: where the Python work per token is, and vLLM's engine processes,
+# sampled idle too (`--idle`): where a step waits (EngineCore's input queue, the worker's
+# broadcast queue) is what tells a host-bound engine from a busy one.
 PROFILED = ("router replica", "engine replica", "vLLM server process", "Serve proxy")
+PROFILED_IDLE = ("EngineCore", "Worker")
 
 
 @contextlib.contextmanager
@@ -525,13 +528,15 @@ def profiling(out: Path, me: str, server_pid: str | None) -> Iterator[None]:
     spies = []
     for pid in sorted(mine):
         role = process_role(pid, procs, me, server_pid)
-        if not role.startswith(PROFILED) or pid == me:
+        idle = role.startswith(PROFILED_IDLE)
+        if not (idle or role.startswith(PROFILED)) or pid == me:
             continue
         slug = "-".join("".join(c if c.isalnum() else " " for c in role.lower()).split())
         path = out / f"profile-{slug}-{pid}.txt"
         spies.append((subprocess.Popen(
             [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", pid, "--rate",
-             "100", "--format", "raw", "--output", str(path), "--nonblocking"],
+             "100", "--format", "raw", "--output", str(path), "--nonblocking",
+             *(["--idle"] if idle else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path))
     try:
         yield

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from splitserve.launcher import init_local_ray
 from splitserve.router.metrics import RouterMetrics
 from splitserve.router.metrics_export import REPLICA_LABEL
 from splitserve.router.usage_board import UsagePublisher, deployment_actor_config
@@ -49,17 +50,10 @@ def serve_app():
             return self.pub.replica
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    for attempt in range(3):
-        try:
-            ray.init(num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20,
-                     log_to_driver=False)
-            break
-        except Exception as err:  # noqa: BLE001 - Ray's own "timed out during startup"
-            # Ray waits a fixed 30 s for its raylet to register; on two cores still busy
-            # stopping the previous module's cluster it can miss that once (a CI run did).
-            ray.shutdown()
-            if attempt == 2 or "timed out during startup" not in str(err):
-                raise
+    # a second try when Ray's raylet misses its fixed 30-s start-up wait (a CI run did, on two
+    # cores still stopping the previous module's cluster)
+    init_local_ray(num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20,
+                   log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
         serve.run(Publisher.bind(), route_prefix="/", name="metrics-port-test")
