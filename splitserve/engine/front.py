@@ -6,7 +6,8 @@ application's ingress request router (`router/direct.py`). For a generation requ
 has asked the router first and set its `Verdict` header (`engine/routed.py`):
 - "serve": the request was admitted here. The front writes the router's fields into the body
   (model, request id, cache salt, an output limit the router set) as the router's own path
-  does (`router/forward.py`), runs it through vLLM's OpenAI app in-process, which writes its
+  does (`router/forward.py`), runs it through vLLM's OpenAI app in-process with the tokens per
+  streamed event the router's coalescing chose (`router/coalescing.py`), which writes its
   response straight to the client (no Ray object, no router, no frame per chunk), and then
   settles with the router: the tokens used (read from the engine's outputs, `RequestTap`), the
   first token's and the last one's times (the controller's TTFT and TPOT signals).
@@ -158,7 +159,8 @@ class EngineFront:
                 ended = True
             await send(message)
 
-        tap = vllm_server.RequestTap()
+        # the router's coalescing: one event (one write to the client) per this many tokens
+        tap = vllm_server.RequestTap(stream_interval=verdict.stream_interval)
         start = time.perf_counter()
         first: float | None = None  # when the first token came, and the latest one
         last: float | None = None

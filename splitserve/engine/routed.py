@@ -41,7 +41,7 @@ class Verdict:
 
     `kind`: "serve" (a generation request admitted: the replica rewrites the body's router
     fields from `request_id`, `model`, `max_tokens` and `cache_salt`, runs it, and settles with
-    `ticket` at `settle_url`); "refuse" (the router's OpenAI error: `status`, `error` (the
+    `ticket` at `settle_url`, streaming `stream_interval` tokens per event); "refuse" (the router's OpenAI error: `status`, `error` (the
     body) and `headers`, which the replica returns as they are); "forward" (not a request the router admits
     here: the replica hands it to the router whole).
     """
@@ -57,6 +57,8 @@ class Verdict:
     status: int = 0
     error: dict[str, Any] | None = None
     headers: dict[str, str] | None = None  # a refusal's own headers (Retry-After)
+    # tokens per streamed event the router's coalescing asks for (router/coalescing.py)
+    stream_interval: int = 1
 
     def encode(self) -> str:
         """The header value: URL-safe base64 of the JSON of the fields that are set."""

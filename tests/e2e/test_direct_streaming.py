@@ -42,7 +42,9 @@ def deployment():
              "quotas": {"tokens_per_minute": BEN_TOKENS_PER_MINUTE}},
         ],
         **{"router.direct_ingress": True, "router.direct_streaming": True,
-           "tenancy.admin_key_hashes": [hash_api_key(ADMIN_KEY)]},
+           "tenancy.admin_key_hashes": [hash_api_key(ADMIN_KEY)],
+           # coalescing from the second concurrent stream on (one request alone: every token)
+           "router.streaming.chunks_per_step": 1},
     )
     with running_deployment(cfg) as base:
         yield base
@@ -184,3 +186,48 @@ def test_client_disconnect_frees_the_engine(deployment):
     asyncio.run(leave_early())
     assert pools_at_rest(("decode",)) == {"decode": (0, 0.0)}
     assert pool_stats("decode").num_unfinished == 0
+
+
+def test_concurrent_streams_are_coalesced_as_on_the_relay_path(deployment):
+    """The router's adaptive coalescing (router/coalescing.py) holds with direct streaming: a
+    request alone streams every token as its own event; one admitted while another streams
+    (2 streams per replica, `chunks_per_step` 1) gets events of up to 2 tokens, and the same
+    tokens as the engine called directly."""
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_model()))
+    prompt = "1 2 3 4 5 6 7"
+
+    async def events(client: openai.AsyncOpenAI, max_tokens: int, started=None, done=None):
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True})
+        out = []
+        async for chunk in stream:
+            ids = (chunk.choices[0].model_extra or {}).get("token_ids") if chunk.choices else None
+            if ids:
+                out.append(list(ids))
+                if started is not None:
+                    started.set()
+            if done is not None:
+                await asyncio.sleep(0)
+                if done.is_set():  # the other stream has its answer: no need to go on
+                    break
+        await stream.close()
+        return out
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{deployment}/v1", api_key=KEYS["ann"],
+                                    max_retries=0, timeout=120)
+        started, done = asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(events(client, 400, started, done))
+        await started.wait()
+        second = await events(client, 16)
+        done.set()
+        alone = await first
+        await client.close()
+        return alone, second
+
+    alone, second = asyncio.run(run())
+    assert max(len(e) for e in alone) == 1, alone[:5]
+    assert max(len(e) for e in second) == 2, second
+    assert [t for e in second for t in e] == direct_greedy(tok(prompt)["input_ids"], 16)
+    assert pools_at_rest(("decode",)) == {"decode": (0, 0.0)}

@@ -6,6 +6,7 @@ tests/e2e/test_direct_streaming.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import json
 from typing import Any
@@ -25,7 +26,8 @@ from splitserve.router.tenancy.vtc import VTCScheduler
 
 @pytest.mark.parametrize("verdict", [
     Verdict("serve", endpoint="chat", request_id="r1", model='odd "model" \\ name',
-            max_tokens=17, cache_salt="salt", ticket="t" * 32, settle_url="http://h:1/x"),
+            max_tokens=17, cache_salt="salt", ticket="t" * 32, settle_url="http://h:1/x",
+            stream_interval=4),
     Verdict("refuse", status=429, error={"error": {"message": 'quota "x"', "code": None}},
             headers={"Retry-After": "3"}),
     Verdict("forward"),
@@ -166,11 +168,13 @@ class _Engine:
     def __init__(self, tokens: int = 3, status: int = 200) -> None:
         self.tokens, self.status = tokens, status
         self.seen: list[tuple[dict[str, Any], bytes]] = []
+        self.intervals: list[int] = []  # each request's tap's stream interval
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = (await receive())["body"]
         self.seen.append((scope, body))
         tap = vllm_server.CURRENT_TAP.get()
+        self.intervals.append(tap.stream_interval)
         await send({"type": "http.response.start", "status": self.status, "headers": []})
         for i in range(self.tokens):
             tap.new_tokens.append(i)
@@ -223,6 +227,14 @@ def test_an_admitted_request_runs_with_the_routers_fields_and_is_settled() -> No
     assert url == "http://r/s" and s.ticket == "tk" and s.generated
     assert (s.prompt_tokens, s.output_tokens, s.status, s.cancelled) == (4, 3, 200, False)
     assert s.first_token_s is not None and s.decode_s is not None and not calls
+    assert engine.intervals == [1]  # the verdict's default: every token its own event
+
+
+def test_the_routers_coalescing_reaches_the_engine() -> None:
+    engine = _Engine(tokens=1)
+    verdict = dataclasses.replace(SERVE, stream_interval=3)
+    _run(_front(engine, [], []), _scope("/v1/completions", verdict), b'{"prompt": "hi"}')
+    assert engine.intervals == [3]  # TappedEngine sets it on the request's SamplingParams
 
 
 def test_a_refusal_is_the_routers_error_as_it_is() -> None:
