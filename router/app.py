@@ -37,7 +37,6 @@ from splitserve.engine.routed import Settlement, Verdict
 from splitserve.router import direct, forward
 from splitserve.router.adapters import AdapterRegistry
 from splitserve.router.catalog import ModelCatalog
-from splitserve.router.coalescing import stream_interval
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.drain import Drain
@@ -456,19 +455,11 @@ class Router:
         return Verdict(
             "serve", endpoint=endpoint, request_id=req.request_id, model=prep.model,
             max_tokens=prep.capped, cache_salt=req.cache_salt, ticket=ticket,
-            settle_url=f"{base_url}/internal/settle", stream_interval=self._direct_interval(prep),
+            settle_url=f"{base_url}/internal/settle",
+            # the relay path's coalescing, at this router's open leases (this one's included)
+            stream_interval=prep.route.dispatcher.chunk_tokens(
+                len(self.leases), prep.route.dispatcher.replicas.get("decode", 1)),
         ), req
-
-    def _direct_interval(self, prep: Prepared) -> int:
-        """Tokens per streamed event for a request admitted for direct streaming: the relay
-        path's adaptive coalescing (`router/coalescing.py`) at this router's open leases (this
-        one included) per decode replica (counted as the relay path counts it)."""
-        assert self.leases is not None
-        dispatcher = prep.route.dispatcher
-        per_replica = len(self.leases) / max(dispatcher.replicas.get("decode", 1), 1)
-        interval = stream_interval(per_replica, dispatcher.streaming)
-        self.metrics.stream_intervals.labels(tokens_per_chunk=str(interval)).inc()
-        return interval
 
     async def _lease(self, tenant: Tenant, prep: Prepared) -> str:
         """Admit `prep`'s request as `_generate` would (its adapter's use, the tenant's quota

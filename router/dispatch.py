@@ -269,14 +269,21 @@ class Dispatcher:
                       1e3 * handoff.per_token_s, costs)
         return choice.path, choice
 
+    def chunk_tokens(self, streams: int, replicas: int) -> int:
+        """Tokens per streamed chunk for a request that makes a pool's streams `streams` (itself
+        included) over its `replicas` replicas (adaptive coalescing, `router/coalescing.py`),
+        counted in the router's metrics. The relay path and direct streaming both ask here."""
+        interval = stream_interval(streams / max(replicas, 1), self.streaming)
+        self.metrics.stream_intervals.labels(tokens_per_chunk=str(interval)).inc()
+        return interval
+
     def _coalesced(self, req: GenerateRequest, pool: str, load: PoolLoad) -> GenerateRequest:
         """`req` with the tokens per streamed chunk that `pool`'s load calls for (counted)."""
         if pool == "prefill":
             streams, replicas = load.prefill_streams, load.prefill_replicas
         else:
             streams, replicas = load.decode_streams, load.decode_replicas
-        interval = stream_interval((streams + 1) / max(replicas, 1), self.streaming)
-        self.metrics.stream_intervals.labels(tokens_per_chunk=str(interval)).inc()
+        interval = self.chunk_tokens(streams + 1, replicas)
         return req if interval == req.stream_interval else dataclasses.replace(
             req, stream_interval=interval
         )

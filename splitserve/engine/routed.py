@@ -40,10 +40,11 @@ class Verdict:
     """The router's answer for one request.
 
     `kind`: "serve" (a generation request admitted: the replica rewrites the body's router
-    fields from `request_id`, `model`, `max_tokens` and `cache_salt`, runs it, and settles with
-    `ticket` at `settle_url`, streaming `stream_interval` tokens per event); "refuse" (the router's OpenAI error: `status`, `error` (the
-    body) and `headers`, which the replica returns as they are); "forward" (not a request the router admits
-    here: the replica hands it to the router whole).
+    fields from `request_id`, `model`, `max_tokens` and `cache_salt`, runs it streaming
+    `stream_interval` tokens per event, and settles with `ticket` at `settle_url`); "refuse"
+    (the router's OpenAI error: `status`, `error` (the body) and `headers`, which the replica
+    returns as they are); "forward" (not a request the router admits here: the replica hands it
+    to the router whole).
     """
 
     kind: Kind
