@@ -44,6 +44,11 @@ per engine, TPOT p50 (and its ratio); then per server and process role, CPU seco
 CPU ms per output token; then issue #26's goals (colocated >= 0.9x plain's tokens/s, TPOT p50
 within 1.2x; disaggregated tokens/s per engine >= colocated's).
 
+After its measured run the plain server gets the same requests again with one output token
+each: the engine's time on the prompts alone, as a share of the full run. That share bounds
+what 1P + 1D can make per engine on this workload (`disaggregated_bound`), printed with the
+goals.
+
 Writes, under --out: results.json (arguments, server commands and configs, every figure),
 <server>/bench.json (vLLM's client result), plain/server.log (the plain server's output).
 """
@@ -289,10 +294,32 @@ def format_throughput(rows: list[dict[str, Any]]) -> str:
     return markdown_table(header, lines, right={1, 2, 3, 4, 5, 6})
 
 
+def disaggregated_bound(prefill_share: float, prefill_engines: int = 1,
+                        decode_engines: int = 1) -> float:
+    """Pure: the most output tokens/s per engine that `prefill_engines` + `decode_engines`
+    disaggregated engines can make, as a fraction of one colocated engine's, when a colocated
+    engine spends `prefill_share` of its time on the prompts (the rest on the outputs).
+
+    The engines do the colocated engine's work split by phase, with nothing added (no KV
+    transfer, no host cost, each pool perfectly balanced): the run lasts as long as the busier
+    pool needs, and every engine counts. 1P + 1D reaches 1.0 only when prefill is exactly half
+    of the work; a decode-heavy workload (prefill a tenth) caps it near 0.55, whatever the
+    serving layer does. The phase split disaggregation is for is a P:D ratio of about
+    (share) : (1 - share), and its gain is each phase's latency, not tokens/s per engine.
+    """
+    if not 0.0 < prefill_share < 1.0:
+        raise ValueError(f"prefill_share {prefill_share} is not between 0 and 1")
+    busiest = max(prefill_share / prefill_engines, (1.0 - prefill_share) / decode_engines)
+    return 1.0 / ((prefill_engines + decode_engines) * busiest)
+
+
 def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
-    """Issue #26's goals on `rows` (from `with_ratios`): (statement, met; None: not measured)."""
+    """Issue #26's goals on `rows` (from `with_ratios`): (statement, met; None: not measured).
+    With the plain server's measured prefill share, the disaggregated goal's statement also
+    gives what 1P + 1D can reach at most on this workload (`disaggregated_bound`)."""
     by = {r["server"]: r for r in rows if "error" not in r}
     colo, disagg = by.get("colocated"), by.get("disaggregated")
+    share = by["plain"].get("prefill_share") if "plain" in by else None
     out: list[tuple[str, bool | None]] = []
     ratio = colo["throughput_ratio"] if colo else None
     out.append((f"colocated output tok/s >= {GOAL_THROUGHPUT_RATIO}x plain vLLM's "
@@ -303,8 +330,13 @@ def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
                 None if ratio is None else ratio <= GOAL_TPOT_RATIO))
     if colo and disagg:
         a, b = disagg["output_throughput_per_engine"], colo["output_throughput_per_engine"]
-        out.append((f"disaggregated tok/s per engine >= colocated's ({a:,.0f} vs {b:,.0f})",
-                    a >= b))
+        bound = ""
+        if share is not None:
+            bound = (f"; 1P + 1D can make at most {disaggregated_bound(share):.2f}x: the engine "
+                     f"spends {share:.0%} of this workload's time on the prompts, measured on "
+                     f"the plain server")
+        out.append((f"disaggregated tok/s per engine >= colocated's ({a:,.0f} vs {b:,.0f}, "
+                    f"{a / b:.2f}x{bound})", a >= b))
     else:
         out.append(("disaggregated tok/s per engine >= colocated's (not measured)", None))
     return out
@@ -337,6 +369,9 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                                "failed": sum(r["failed"] for r in ok)}
         for key in ("output_throughput", "output_throughput_per_engine", "median_tpot_ms"):
             row[key] = statistics.median(r[key] for r in ok)
+        shares = [r["prefill_share"] for r in ok if r.get("prefill_share") is not None]
+        if shares:
+            row["prefill_share"] = statistics.median(shares)
         for key in ("throughput_ratio", "tpot_ratio"):
             values = [r[key] for r in ok if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
@@ -632,9 +667,24 @@ def run_plain(args: argparse.Namespace, model_dir: str, out: Path) -> dict[str, 
             print(f"[plain] ready after {time.perf_counter() - start:.0f} s ({base_url})",
                   flush=True)
             result = measure(args, "plain", base_url, model_dir, out, str(proc.pid))
+            prefill_s = prefill_pass(args, base_url, model_dir)
         finally:
             stop(proc)
-    return {**result, "command": command, "env": {**PLAIN_ENV, **args.env}}
+    return {**result, "prefill_only_s": prefill_s,
+            "prefill_share": min(prefill_s / result["duration_s"], 0.99),
+            "command": command, "env": {**PLAIN_ENV, **args.env}}
+
+
+def prefill_pass(args: argparse.Namespace, base_url: str, model_dir: str) -> float:
+    """Seconds the plain server takes for the run's requests with one output token each: the
+    engine's time on the prompts alone (its share of the full run bounds disaggregation)."""
+    from vllm.benchmarks.serve import main as vllm_bench
+
+    prompts_only = argparse.Namespace(**{**vars(args), "output_len": 1})
+    result = vllm_bench(client_args(client_argv(prompts_only, base_url, model_dir)))
+    print(f"[plain] the same prompts with 1 output token each: {result['duration']:.2f} s",
+          flush=True)
+    return float(result["duration"])
 
 
 def run_splitserve(args: argparse.Namespace, server: str, model_dir: str,

@@ -176,7 +176,52 @@ def test_goals(bench):
     assert [m for _, m in bench.goals(only_colo)] == [None, None, None]
     text = bench.format_goals(bench.goals(good))
     assert "[met] colocated output tok/s >= 0.9x plain vLLM's (got 0.94x)" in text
-    assert "[met] disaggregated tok/s per engine >= colocated's (3,200 vs 3,000)" in text
+    assert "[met] disaggregated tok/s per engine >= colocated's (3,200 vs 3,000, 1.07x)" in text
+
+
+def test_disaggregated_bound_is_the_busier_pools_share_of_every_engines_time(bench):
+    # prefill exactly half the work: 1P + 1D each do one half, as fast per engine as colocated
+    assert bench.disaggregated_bound(0.5) == pytest.approx(1.0)
+    # a decode-heavy workload: the decode engine does 0.9 of the work while the prefill engine
+    # idles, so two engines make what 1/0.9 of one colocated engine makes
+    assert bench.disaggregated_bound(0.1) == pytest.approx(1 / (2 * 0.9))
+    # the pools sized to the split (1P : 9D) lose nothing
+    assert bench.disaggregated_bound(0.1, prefill_engines=1, decode_engines=9) == pytest.approx(1)
+    assert bench.disaggregated_bound(0.8) == pytest.approx(1 / 1.6)  # prompt-heavy: P busier
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        bench.disaggregated_bound(0.0)
+
+
+def test_the_disaggregated_goal_states_its_bound_when_the_prefill_share_was_measured(bench):
+    plain = {**bench.summarize("plain", result(3200.0, 9.0)), "prefill_share": 0.08}
+    got = bench.with_ratios([plain, bench.summarize("colocated", result(2400.0, 12.0)),
+                             bench.summarize("disaggregated", result(1400.0, 20.0))])
+    text, met = bench.goals(got)[2]
+    assert met is False
+    assert text == ("disaggregated tok/s per engine >= colocated's (700 vs 2,400, 0.29x; "
+                    "1P + 1D can make at most 0.54x: the engine spends 8% of this workload's "
+                    "time on the prompts, measured on the plain server)")
+    # the medians over rounds keep the share
+    medians = {r["server"]: r for r in bench.median_rows([got, got])}
+    assert medians["plain"]["prefill_share"] == 0.08
+    assert "at most 0.54x" in bench.goals(list(medians.values()))[2][0]
+
+
+def test_the_plain_run_measures_the_prompts_alone_with_the_same_requests(bench, monkeypatch,
+                                                                          tmp_path):
+    import vllm.benchmarks.serve
+
+    seen = []
+
+    def client(ns):
+        seen.append((ns.random_input_len, ns.random_output_len, ns.num_prompts, ns.seed))
+        return {"duration": 0.5}
+
+    monkeypatch.setattr(vllm.benchmarks.serve, "main", client)
+    args = bench.parse_args([])
+    assert bench.prefill_pass(args, "http://127.0.0.1:1", "/m") == 0.5
+    assert seen == [(256, 1, 160, 0)]
+    assert args.output_len == 128  # the run's own arguments are untouched
 
 
 # --- CPU per process -------------------------------------------------------------------------
