@@ -38,7 +38,7 @@ from splitserve.router import direct, forward
 from splitserve.router.adapters import AdapterRegistry
 from splitserve.router.catalog import ModelCatalog
 from splitserve.router.deadline import TIMEOUT_HEADER, request_timeout, within_deadline
-from splitserve.router.dispatch import Dispatcher
+from splitserve.router.dispatch import Dispatcher, Handoff
 from splitserve.router.drain import Drain
 from splitserve.router.errors import (
     APIError,
@@ -414,25 +414,34 @@ class Router:
         self._start_background()
         await direct.close_expired(leases)
         server = request.scope["server"]  # where HAProxy reached this replica
-        verdict, gen_req = await self._route_verdict(
+        verdict, handoff = await self._route_verdict(
             request.headers, await request.body(), f"http://{server[0]}:{server[1]}")
         try:
             replica = await direct.pick_replica(
-                self.routes[self.primary_model()].pools["decode"], gen_req)
+                self.routes[self.primary_model()].pools["decode"],
+                handoff.request if handoff is not None else None)
         except BaseException:
-            lease = leases.take(verdict.ticket) if verdict.ticket else None
-            if lease is not None:
-                await direct.settle(lease, Settlement(verdict.ticket, generated=False, status=503))
+            await self._unlease(verdict.ticket, 503)
             raise
+        finally:
+            if handoff is not None:  # routed: the replica's own figures count it from now on
+                self.dispatcher.release(handoff.reservation)
         return JSONResponse({"replica_id": replica,
                              "request_headers": {routed.HEADER: verdict.encode()}})
 
+    async def _unlease(self, ticket: str, status: int) -> None:
+        """Close the lease of `ticket` (if any) for a request that will not be generated."""
+        lease = self.leases.take(ticket) if ticket and self.leases is not None else None
+        if lease is not None:
+            await direct.settle(lease, Settlement(ticket, generated=False, status=status))
+
     async def _route_verdict(
         self, headers: Any, body: bytes, base_url: str
-    ) -> tuple[Verdict, GenerateRequest | None]:
-        """The router's verdict on a request HAProxy asks about, and the engine request of an
-        admitted one (its replica's routing reads it). A refusal is a verdict too: HAProxy
-        would turn any answer but 200 into its own 503."""
+    ) -> tuple[Verdict, Handoff | None]:
+        """The router's verdict on a request HAProxy asks about, and the dispatch of an
+        admitted one (`Dispatcher.handoff`: the request its replica's routing reads, its KV
+        handoff when it was prefilled remotely). A refusal is a verdict too: HAProxy would turn
+        any answer but 200 into its own 503."""
         try:
             self.stopping.admit()
             limit = self.cfg.router.max_body_bytes
@@ -447,11 +456,11 @@ class Router:
                 return Verdict("forward"), None
             tenant = self.tenancy.authenticate(headers.get("authorization"))
             prep = self._prepare(forward.Forwarded(endpoint, payload), tenant)
-            ticket = await self._lease(tenant, prep)
+            ticket, handoff = await self._lease(tenant, prep)
         except APIError as err:
             return Verdict("refuse", status=err.status, error=err.body(),
                            headers=dict(err.headers) or None), None
-        req = prep.request
+        req = handoff.request
         return Verdict(
             "serve", endpoint=endpoint, request_id=req.request_id, model=prep.model,
             max_tokens=prep.capped, cache_salt=req.cache_salt, ticket=ticket,
@@ -459,12 +468,15 @@ class Router:
             # the relay path's coalescing, at this router's open leases (this one's included)
             stream_interval=prep.route.dispatcher.chunk_tokens(
                 len(self.leases), prep.route.dispatcher.replicas.get("decode", 1)),
-        ), req
+            kv_transfer_params=req.kv_transfer_params,
+        ), handoff
 
-    async def _lease(self, tenant: Tenant, prep: Prepared) -> str:
+    async def _lease(self, tenant: Tenant, prep: Prepared) -> tuple[str, Handoff]:
         """Admit `prep`'s request as `_generate` would (its adapter's use, the tenant's quota
-        reservation, a slot of the decode pool's fair gate, the drain count) and hold it all
-        as a lease until the replica settles; returns the lease's ticket."""
+        reservation, a slot of the decode pool's fair gate, the drain count), dispatch it as
+        far as its decode replica (`Dispatcher.handoff`: disaggregated, the decode reservation
+        and the remote prefill) and hold the admission as a lease until the replica settles;
+        returns the lease's ticket and the dispatch."""
         assert self.leases is not None
         req, signals = prep.request, prep.route.dispatcher.signals
         n_prompt = len(req.prompt_token_ids)
@@ -481,6 +493,7 @@ class Router:
             signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
             ticket = await stack.enter_async_context(
                 self.tenancy.admit("decode", tenant, n_prompt))
+            handoff = await prep.route.dispatcher.handoff(req, tenant)
         except BaseException:
             await stack.aclose()
             raise
@@ -492,12 +505,14 @@ class Router:
                 return
             if s.first_token_s is not None:
                 signals.first_token("decode", s.first_token_s)
+                if handoff.pulled is not None:  # the handoff's latency, for the rule
+                    prep.route.dispatcher.handoff_landed(handoff.pulled, s.first_token_s)
             if s.decode_s is not None:
                 signals.finished("decode", s.decode_s, s.output_tokens)
 
         deadline = self.cfg.router.request_timeout_s + direct.SETTLE_GRACE_S
         return self.leases.add(direct.Lease(
-            stack, usage, ticket, "decode", self.leases.clock() + deadline, settled))
+            stack, usage, ticket, "decode", self.leases.clock() + deadline, settled)), handoff
 
     @app.post("/internal/settle")
     async def internal_settle(self, request: Request) -> Response:

@@ -124,6 +124,15 @@ def decode_reservations(pools: dict[str, Any]) -> DecodeReservations | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """What `Dispatcher.handoff` did for a directly streamed request."""
+
+    request: GenerateRequest  # as the decode replica runs it (its KV handoff, its pin)
+    reservation: Reservation | None = None  # the decode replica's, until the request is routed
+    pulled: int | None = None  # prompt tokens decode pulls (None: the decode engine prefills)
+
+
 class Dispatcher:
     """Sends requests to pool handles; translates worker failures into `APIError`s.
 
@@ -298,21 +307,10 @@ class Dispatcher:
         request's span context (tracing on; None: the ambient one), parent of the dispatch span.
         """
         load = self.load()  # one view of the pools for both decisions
-        blocks = self._blocks(req)
-        if blocks is not None:
-            req = dataclasses.replace(req, prompt_blocks=blocks)
-        path, predicted = self._path(req, load, blocks)
+        req, path, predicted, span = self._decide(req, load, trace_context)
         n_prompt = len(req.prompt_token_ids)
+        blocks = req.prompt_blocks
         req = self._coalesced(req, path.pool, load)
-        self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
-        if path is not PrefillPath.COLOCATED:
-            self.metrics.disagg_reasons.labels(reason=path.value).inc()
-        span = self.tracing.start(DISPATCH, trace_context)
-        if span.is_recording():
-            span.set_attributes({PREFILL_PATH: path.value, PROMPT_TOKENS: n_prompt})
-            if predicted is not None:
-                span.set_attributes({PREDICTED_TTFT: predicted.ttft_s,
-                                     PREDICTED_TPOT: predicted.tpot_s})
         parent = self.tracing.context_of(span)
         start = time.perf_counter()
         try:
@@ -354,6 +352,77 @@ class Dispatcher:
             if self.reservations is not None:
                 self.reservations.notify()  # a request waiting for decode room looks again
             span.end()
+
+    def _decide(
+        self, req: GenerateRequest, load: PoolLoad, trace_context: Context | None
+    ) -> tuple[GenerateRequest, PrefillPath, Prediction | None, Span]:
+        """The request's prefill path (counted) and its dispatch span, started; `req` with its
+        prompt's block hashes."""
+        blocks = self._blocks(req)
+        if blocks is not None:
+            req = dataclasses.replace(req, prompt_blocks=blocks)
+        path, predicted = self._path(req, load, blocks)
+        self.metrics.disagg_decisions.labels(path="remote" if path.remote else "local").inc()
+        if path is not PrefillPath.COLOCATED:
+            self.metrics.disagg_reasons.labels(reason=path.value).inc()
+        span = self.tracing.start(DISPATCH, trace_context)
+        if span.is_recording():
+            span.set_attributes({PREFILL_PATH: path.value,
+                                 PROMPT_TOKENS: len(req.prompt_token_ids)})
+            if predicted is not None:
+                span.set_attributes({PREDICTED_TTFT: predicted.ttft_s,
+                                     PREDICTED_TPOT: predicted.tpot_s})
+        return req, path, predicted, span
+
+    async def handoff(
+        self, req: GenerateRequest, tenant: Tenant, trace_context: Context | None = None
+    ) -> Handoff:
+        """Direct streaming's dispatch (`router/direct.py`), run before the decode replica is
+        picked, for a request already admitted to the decode pool: the prefill path as `stream`
+        decides it and, for a remote prefill, the decode replica's reservation (decode first)
+        and the prefill hop with its retries and fallback. The returned request is what the
+        decode replica runs: with its KV handoff (`kv_transfer_params`) and pinned to the
+        reserved replica, or unchanged when the decode engine prefills itself. The caller
+        releases the reservation once the replica is picked (`release`). The decode replica
+        then streams to the client; no token comes back here."""
+        req, path, _, span = self._decide(req, self.load(), trace_context)
+        held = None
+        try:
+            if not path.remote:
+                return Handoff(req)
+            held = await self._reserve_decode(req, span)
+            if held is not None:
+                req = dataclasses.replace(req, pin_replica=ReplicaPin(held.replica_id, held.key))
+            req, handed_at = await self._remote_prefill(
+                req, tenant, self.tracing.context_of(span), span)
+            if handed_at is None:  # fallback: the decode engine prefills
+                return Handoff(req, held)
+            cached = (held.cached_tokens if held is not None
+                      else self.cached_tokens("decode", req.prompt_blocks))
+            return Handoff(req, held, max(len(req.prompt_token_ids) - cached, 0))
+        except BaseException as err:
+            self.release(held)
+            record_failure(span, err)
+            raise
+        finally:
+            span.end()
+
+    def release(self, held: Reservation | None) -> None:
+        """Release a decode reservation `handoff` returned (its request is routed)."""
+        if held is not None and self.reservations is not None:
+            self.reservations.release(held.key)
+            self.reservations.notify()  # a request waiting for decode room looks again
+
+    def handoff_landed(self, pulled: int, first_token_s: float) -> None:
+        """A remote decode's first token came `first_token_s` after its handoff returned: the
+        handoff's latency for `pulled` prompt tokens, less the decode step that made the token
+        (the rule's calibration)."""
+        decode = self.calibration.engine_cost("decode", "prefill")
+        load = self.load()
+        step = 0.0 if decode is None else decode.step(
+            round(load.decode_streams / max(load.decode_replicas, 1)),
+            round(load.local_prefill_tokens / max(load.decode_replicas, 1)))
+        self.calibration.handoff_measured(pulled, first_token_s - step)
 
     async def _reserve_decode(self, req: GenerateRequest, span: Span) -> Reservation | None:
         """Decode first: reserve the decode replica with a slot and KV room for `req` (the
@@ -427,12 +496,7 @@ class Dispatcher:
                       1e3 * (admitted - start), 1e3 * predicted.ttft_s)
         if handed_at is not None:
             # the handoff is what came before decode's step that made the token
-            decode = self.calibration.engine_cost("decode", "prefill")
-            load = self.load()
-            step = 0.0 if decode is None else decode.step(
-                round(load.decode_streams / max(load.decode_replicas, 1)),
-                round(load.local_prefill_tokens / max(load.decode_replicas, 1)))
-            self.calibration.handoff_measured(pulled, now - handed_at - step)
+            self.handoff_landed(pulled, now - handed_at)
         if predicted is not None and predicted.ttft_s > 0:
             self.metrics.ttft_prediction.labels(path=path.value).observe(
                 (now - start) / predicted.ttft_s)

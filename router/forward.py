@@ -107,12 +107,16 @@ def parse(endpoint: str, body: bytes) -> Forwarded:
     return Forwarded(endpoint, payload)
 
 
-def call(fwd: Forwarded, *, model: str, request_id: str, cache_salt: str | None) -> HTTPCall:
-    """The call the engine replica's vLLM server gets, with the router's own fields set."""
+def call(fwd: Forwarded, *, model: str, request_id: str, cache_salt: str | None,
+         kv_transfer_params: dict[str, Any] | None = None) -> HTTPCall:
+    """The call the engine replica's vLLM server gets, with the router's own fields set (the
+    KV handoff only when the router made one: a client's own is dropped)."""
     payload = dict(fwd.payload)
     payload["model"] = model
     payload["request_id"] = request_id
     payload.pop("kv_transfer_params", None)
+    if kv_transfer_params is not None:
+        payload["kv_transfer_params"] = kv_transfer_params
     payload.pop("ec_transfer_params", None)
     if cache_salt is not None:
         payload["cache_salt"] = cache_salt

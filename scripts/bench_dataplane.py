@@ -17,6 +17,8 @@ Servers, started, measured and stopped one after another on this machine (two co
                    not in the default run: --servers plain,colocated-proxy,colocated
     colocated-direct  the same with direct streaming (`router.direct_streaming: true`: the
                    engine replica answers the client; not in the default run)
+    disaggregated-direct  `disaggregated` with direct streaming (the router prefills, the
+                   decode replica answers the client; not in the default run)
     disaggregated  splitserve, 1 prefill + 1 decode engine on two cores, every prompt prefilled
                    remotely (scripts/bench_disagg.py's `disagg` config; --disagg-config names
                    another of its disaggregated configs), max_num_seqs 128 on both pools,
@@ -85,16 +87,17 @@ MODEL_NAME = "splitserve-tiny"
 SERVERS = ("plain", "colocated", "disaggregated")  # the default run
 # Also available: splitserve colocated behind Serve's Python HTTP proxy instead of direct
 # ingress (`router.direct_ingress: false`), to measure the two side by side in one run.
-EXTRA_SERVERS = ("colocated-proxy", "colocated-direct")
+EXTRA_SERVERS = ("colocated-proxy", "colocated-direct", "disaggregated-direct")
 LABELS = {
     "plain": "plain vLLM OpenAI server, engine on 1 core",
     "colocated": "splitserve colocated, 1 engine on 1 core",
     "colocated-proxy": "splitserve colocated via Serve's proxy, 1 engine on 1 core",
     "colocated-direct": "splitserve colocated, direct streaming, 1 engine on 1 core",
     "disaggregated": "splitserve disaggregated, 1P + 1D on 2 cores",
+    "disaggregated-direct": "splitserve disaggregated, direct streaming, 1P + 1D on 2 cores",
 }
 ENGINES = {"plain": 1, "colocated": 1, "colocated-proxy": 1, "colocated-direct": 1,
-           "disaggregated": 2}
+           "disaggregated": 2, "disaggregated-direct": 2}
 # The plain server's engine settings: those of a splitserve engine (splitserve/engine/args.py).
 PLAIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 MAX_NUM_SEQS = 128
@@ -166,17 +169,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def splitserve_overrides(server: str, disagg_config: str = "disagg",
                          extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The dotted config overrides of splitserve server `server` (colocated, colocated-proxy,
-    colocated-direct, disaggregated)."""
+    colocated-direct, disaggregated, disaggregated-direct)."""
     if server in ("colocated", "colocated-proxy", "colocated-direct"):
         base = {"mode": "colocated", "pools.decode.replicas": 1,
                 "pools.decode.max_num_seqs": MAX_NUM_SEQS,
                 "router.direct_ingress": server != "colocated-proxy",
                 "router.direct_streaming": server == "colocated-direct"}
-    elif server == "disaggregated":
+    elif server in ("disaggregated", "disaggregated-direct"):
         # direct ingress as for `colocated`, so that the two differ in the disaggregation only
         base = {**bench_disagg.CONFIGS[disagg_config], "pools.prefill.replicas": 1,
                 "pools.decode.replicas": 1, "pools.prefill.max_num_seqs": MAX_NUM_SEQS,
-                "pools.decode.max_num_seqs": MAX_NUM_SEQS, "router.direct_ingress": True}
+                "pools.decode.max_num_seqs": MAX_NUM_SEQS, "router.direct_ingress": True,
+                "router.direct_streaming": server == "disaggregated-direct"}
     else:
         raise ValueError(f"{server!r} is not a splitserve server")
     return {**base, **(extra or {})}

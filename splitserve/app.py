@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ray import serve
 
@@ -159,12 +159,18 @@ def build_app(
         }
         if view.mode == "disaggregated":
             check_compatible(view, specs)
-        pools[view.model.name] = {
-            role: classes[role].options(**pool_deployment_options(
+        bound: dict[str, Any] = {}
+        for role in sorted(specs, key=lambda r: r != "prefill"):  # prefill first
+            # Direct streaming, disaggregated: the decode pool (the ingress) is bound with the
+            # prefill pool, so that Serve builds the prefill deployment in the main graph (the
+            # ingress request router must build into one deployment alone).
+            extra = ({"prefill_pool": bound["prefill"]}
+                     if cfg.router.direct_streaming and role == "decode" and "prefill" in bound
+                     else {})
+            bound[role] = classes[role].options(**pool_deployment_options(
                 view, role, device, name=deployment_name(cfg, view, role)
-            )).bind(spec)
-            for role, spec in specs.items()
-        }
+            )).bind(specs[role], **extra)
+        pools[view.model.name] = {role: bound[role] for role in specs}
     router = Router.options(**router_deployment_options(cfg)).bind(cfg, pools)
     if not cfg.router.direct_streaming:
         return router

@@ -329,9 +329,10 @@ class RouterConfig(_Strict):
         False,
         description="The decode replicas answer clients themselves (splitserve/engine/front.py, "
         "docs/dataplane.md): the decode pool is the HTTP ingress behind Serve's HAProxy, and "
-        "the router, Serve's ingress request router, only authenticates, admits and picks the "
-        "replica for each request (router/direct.py); no token crosses the router. Needs "
-        "direct_ingress; one model, colocated, for now. Without the router in the token path "
+        "the router, Serve's ingress request router, only authenticates, admits, runs the "
+        "disaggregation decision and a remote prefill, and picks the replica for each request "
+        "(router/direct.py); no token crosses the router. Needs direct_ingress; one model, for "
+        "now. Without the router in the token path "
         "a request is not retried or migrated after it reached its replica, and the router's "
         "per-request traces and request log do not cover it.",
     )
@@ -823,8 +824,6 @@ class SplitserveConfig(_Strict):
             raise ValueError("router.direct_streaming needs router.direct_ingress: true")
         if self.models:
             raise ValueError("router.direct_streaming: one model only, for now")
-        if self.mode != "colocated":
-            raise ValueError("router.direct_streaming: mode colocated only, for now")
         return self
 
     def model_views(self) -> tuple[SplitserveConfig, ...]:

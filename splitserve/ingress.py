@@ -78,16 +78,23 @@ ROUTE_TIMEOUT_MARGIN_S = 5
 
 
 def route_env(
-    direct_streaming: bool, *, queue_timeout_s: float = 30.0, max_body_bytes: int = 1 << 20
+    direct_streaming: bool, *, queue_timeout_s: float = 30.0, max_body_bytes: int = 1 << 20,
+    prefill_timeout_s: float | None = None,
 ) -> dict[str, str | None]:
     """The environment of direct streaming's ingress request router (pure): each variable's
-    value, None where it must be unset (no direct streaming)."""
+    value, None where it must be unset (no direct streaming). `prefill_timeout_s`: the remote
+    prefill's deadline when disaggregated (None: colocated); HAProxy's call to the router then
+    also waits for decode room and the prefill gate (each up to `queue_timeout_s`) and the
+    prefill's tries."""
     if not direct_streaming:
         return dict.fromkeys(ROUTE_VARIABLES)
+    wait_s = queue_timeout_s  # the decode gate's queue
+    if prefill_timeout_s is not None:
+        wait_s += 2 * queue_timeout_s + prefill_timeout_s
     return {
         FORWARD_BODY: "1",
         SESSION_HEADER: "authorization",
-        ROUTE_TIMEOUT: str(math.ceil(queue_timeout_s) + ROUTE_TIMEOUT_MARGIN_S),
+        ROUTE_TIMEOUT: str(math.ceil(wait_s) + ROUTE_TIMEOUT_MARGIN_S),
         # the whole body and the request's headers
         ROUTE_BUFSIZE: str(max(DEFAULT_ROUTE_BUFSIZE, max_body_bytes + (64 << 10))),
     }
@@ -188,9 +195,18 @@ def sync_driver_haproxy() -> bool:
 def cluster_env_of(cfg: Any) -> contextlib.AbstractContextManager[dict[str, str | None]]:
     """`cluster_env` for a `SplitserveConfig`: its ingress, event loops, direct streaming and
     workers' niceness."""
-    return cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop, route_env(
+    return cluster_env(cfg.router.direct_ingress, cfg.ray.one_event_loop, route_env_of(cfg),
+                       cfg.ray.worker_niceness)
+
+
+def route_env_of(cfg: Any) -> dict[str, str | None]:
+    """`route_env` for a `SplitserveConfig` (pure; the Helm chart's `splitserve.rayEnv` gives
+    the same values)."""
+    return route_env(
         cfg.router.direct_streaming, queue_timeout_s=cfg.tenancy.queue_timeout_s,
-        max_body_bytes=cfg.router.max_body_bytes), cfg.ray.worker_niceness)
+        max_body_bytes=cfg.router.max_body_bytes,
+        prefill_timeout_s=(cfg.disaggregation.prefill_timeout_s
+                           if cfg.mode == "disaggregated" else None))
 
 
 def start_serve(host: str, port: int, attempts: int = START_ATTEMPTS) -> None:

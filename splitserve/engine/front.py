@@ -5,8 +5,9 @@ The decode pool is then the Serve application's HTTP ingress: each replica serve
 application's ingress request router (`router/direct.py`). For a generation request HAProxy
 has asked the router first and set its `Verdict` header (`engine/routed.py`):
 - "serve": the request was admitted here. The front writes the router's fields into the body
-  (model, request id, cache salt, an output limit the router set) as the router's own path
-  does (`router/forward.py`), runs it through vLLM's OpenAI app in-process with the tokens per
+  (model, request id, cache salt, an output limit the router set, and the KV handoff of a
+  request the router had prefilled on the prefill pool) as the router's own path does
+  (`router/forward.py`), runs it through vLLM's OpenAI app in-process with the tokens per
   streamed event the router's coalescing chose (`router/coalescing.py`), which writes its
   response straight to the client (no Ray object, no router, no frame per chunk), and then
   settles with the router: the tokens used (read from the engine's outputs, `RequestTap`), the
@@ -90,7 +91,8 @@ def engine_body(verdict: Verdict, body: bytes) -> bytes:
     if verdict.max_tokens is not None:
         fwd = forward.capped(fwd, verdict.max_tokens)
     return forward.call(fwd, model=verdict.model, request_id=verdict.request_id,
-                        cache_salt=verdict.cache_salt).encoded()
+                        cache_salt=verdict.cache_salt,
+                        kv_transfer_params=verdict.kv_transfer_params).encoded()
 
 
 class EngineFront:

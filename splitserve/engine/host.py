@@ -109,8 +109,13 @@ def _remote_blocks(params: dict[str, Any] | None) -> int:
 class EngineHost:
     """Owns one engine. Subclasses add the role-specific request methods."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, *, prefill_pool: Any = None) -> None:
+        """`prefill_pool`: the prefill pool's handle, bound to the decode pool only with direct
+        streaming when disaggregated (`splitserve.app.build_app`): Serve must then find the
+        prefill deployment in the application's main graph, since its ingress request router
+        (the router, which runs the prefills) has to build into one deployment alone."""
         self.spec = spec
+        self.prefill_pool = prefill_pool
         self._holder, actor = _replica_name()
         self._ledger = None
         cores: list[int] = []

@@ -40,8 +40,9 @@ class Verdict:
     """The router's answer for one request.
 
     `kind`: "serve" (a generation request admitted: the replica rewrites the body's router
-    fields from `request_id`, `model`, `max_tokens` and `cache_salt`, runs it streaming
-    `stream_interval` tokens per event, and settles with `ticket` at `settle_url`); "refuse"
+    fields from `request_id`, `model`, `max_tokens`, `cache_salt` and `kv_transfer_params`,
+    runs it streaming `stream_interval` tokens per event, and settles with `ticket` at
+    `settle_url`); "refuse"
     (the router's OpenAI error: `status`, `error` (the body) and `headers`, which the replica
     returns as they are); "forward" (not a request the router admits here: the replica hands it
     to the router whole).
@@ -60,6 +61,9 @@ class Verdict:
     headers: dict[str, str] | None = None  # a refusal's own headers (Retry-After)
     # tokens per streamed event the router's coalescing asks for (router/coalescing.py)
     stream_interval: int = 1
+    # the KV handoff of a request prefilled on the prefill pool (vLLM's `kv_transfer_params`
+    # for the decode engine's pull); None: the decode engine prefills it
+    kv_transfer_params: dict[str, Any] | None = None
 
     def encode(self) -> str:
         """The header value: URL-safe base64 of the JSON of the fields that are set."""

@@ -233,30 +233,33 @@ def test_schema_rejects_bad_fabric_values(helm, tmp_path: Path, override: str, k
     assert r.returncode != 0 and key in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize(("router", "tenancy"), [
-    ({}, {}),
-    ({"direct_ingress": True}, {}),
+@pytest.mark.parametrize(("router", "tenancy", "mode"), [
+    ({}, {}, "colocated"),
+    ({"direct_ingress": True}, {}, "colocated"),
     ({"direct_ingress": True, "direct_streaming": True, "max_body_bytes": 16 << 20},
-     {"queue_timeout_s": 42.5}),
+     {"queue_timeout_s": 42.5}, "colocated"),
+    # disaggregated: HAProxy's call to the router also covers decode room and the prefill
+    ({"direct_ingress": True, "direct_streaming": True}, {"queue_timeout_s": 12.5},
+     "disaggregated"),
 ])
 def test_ray_pods_get_direct_ingress_and_streaming(render_chart, tmp_path, validate, router,
-                                                   tenancy) -> None:
+                                                   tenancy, mode) -> None:
     """`router.direct_ingress` turns Serve's HAProxy on in every Ray pod, and
     `router.direct_streaming` adds the ingress request router's settings, the values
     `splitserve.ingress.route_env` gives a cluster splitserve starts."""
     from splitserve import ingress
     from splitserve.config import parse_config
 
-    config = {"mode": "colocated", "router": {"host": "0.0.0.0", **router}}
+    config = {"mode": mode, "router": {"host": "0.0.0.0", **router}}
     if tenancy:
         config["tenancy"] = tenancy
     docs = _render(render_chart, tmp_path, validate, _values("tcp", {}, **config))
     (rs,) = [d for d in docs if d["kind"] == "RayService"]
     head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
     cfg = parse_config(config)
-    want_routing = {k: v for k, v in ingress.route_env(
-        cfg.router.direct_streaming, queue_timeout_s=cfg.tenancy.queue_timeout_s,
-        max_body_bytes=cfg.router.max_body_bytes).items() if v is not None}
+    want_routing = {k: v for k, v in ingress.route_env_of(cfg).items() if v is not None}
+    if mode == "disaggregated":  # 12.5 (decode gate) + 2 x 12.5 + 30 (prefill), rounded up, + 5
+        assert want_routing[ingress.ROUTE_TIMEOUT] == "73"
     for pod in [head, *_groups(docs).values()]:
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
         assert env.get(ingress.HA_PROXY) == ("1" if cfg.router.direct_ingress else None)

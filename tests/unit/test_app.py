@@ -82,12 +82,39 @@ def test_direct_streaming_makes_the_decode_pool_the_ingress() -> None:
     plain = build_app(parse_config({"mode": "colocated"}), "cpu")
     assert plain._bound_deployment.name == "router"
     assert plain._ingress_request_router is None
+    # disaggregated: the decode pool is the ingress, the prefill pool stays behind the router
+    disagg = build_app(parse_config({"mode": "disaggregated", "router": {
+        "direct_ingress": True, "direct_streaming": True}}), "cpu")
+    assert disagg._bound_deployment.name == "decode"
+    router = disagg._ingress_request_router._bound_deployment
+    assert router.name == "router"
+    (pools,) = router.init_args[1].values()
+    assert {role: app._bound_deployment.name for role, app in pools.items()} == {
+        "prefill": "prefill", "decode": "decode"}
+    # the prefill pool is also bound to the ingress: Serve builds the ingress request router
+    # into one deployment of its own only when the rest of its graph is the main one's
+    assert disagg._bound_deployment.init_kwargs["prefill_pool"] is pools["prefill"]
+    assert "prefill_pool" not in direct._bound_deployment.init_kwargs  # colocated: no pool
+    built = _serve_build(disagg)
+    assert built.ingress_request_router_deployment.name == "router"
+    assert {d.name for d in built.deployments} == {"prefill", "decode"}
+
+
+def _serve_build(app):
+    """Ray Serve's own build of `app` as `serve.run` builds it (HAProxy on, as direct streaming
+    has it; no cluster needed)."""
+    from ray.serve._private import build_app as serve_build
+
+    patched = pytest.MonkeyPatch()
+    patched.setattr(serve_build, "RAY_SERVE_ENABLE_HA_PROXY", True)
+    try:
+        return serve_build.build_app(app, name="splitserve")
+    finally:
+        patched.undo()
 
 
 @pytest.mark.parametrize(("doc", "message"), [
     ({"mode": "colocated", "router": {"direct_streaming": True}}, "needs router.direct_ingress"),
-    ({"mode": "disaggregated", "router": {"direct_ingress": True, "direct_streaming": True}},
-     "mode colocated only"),
 ])
 def test_direct_streaming_config_is_checked(doc: dict, message: str) -> None:
     from splitserve.config import ConfigError

@@ -364,12 +364,14 @@ def test_rounds_alternate_the_servers_order(bench):
     assert bench.parse_args([]).rounds == 1
 
 
-def test_direct_streaming_server_differs_only_in_direct_streaming(bench):
-    colo = load_config(None).with_overrides(**bench.splitserve_overrides("colocated"))
-    direct = load_config(None).with_overrides(**bench.splitserve_overrides("colocated-direct"))
+@pytest.mark.parametrize("relay", ["colocated", "disaggregated"])
+def test_direct_streaming_server_differs_only_in_direct_streaming(bench, relay):
+    colo = load_config(None).with_overrides(**bench.splitserve_overrides(relay))
+    direct = load_config(None).with_overrides(**bench.splitserve_overrides(f"{relay}-direct"))
     assert direct.router.direct_streaming and not colo.router.direct_streaming
     assert colo.model_dump(exclude={"router": {"direct_streaming"}}) == direct.model_dump(
         exclude={"router": {"direct_streaming"}})
+    assert bench.ENGINES[relay] == bench.ENGINES[f"{relay}-direct"]
 
 
 def test_medians_take_each_rounds_ratio_to_its_own_plain_server(bench):

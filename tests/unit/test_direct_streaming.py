@@ -28,6 +28,9 @@ from splitserve.router.tenancy.vtc import VTCScheduler
     Verdict("serve", endpoint="chat", request_id="r1", model='odd "model" \\ name',
             max_tokens=17, cache_salt="salt", ticket="t" * 32, settle_url="http://h:1/x",
             stream_interval=4),
+    Verdict("serve", endpoint="chat", request_id="r2", ticket="t", settle_url="http://h:1/x",
+            kv_transfer_params={"do_remote_prefill": True, "remote_block_ids": [1, 2],
+                                "remote_engine_id": "e-1", "remote_host": "10.0.0.1"}),
     Verdict("refuse", status=429, error={"error": {"message": 'quota "x"', "code": None}},
             headers={"Retry-After": "3"}),
     Verdict("forward"),
@@ -235,6 +238,19 @@ def test_the_routers_coalescing_reaches_the_engine() -> None:
     verdict = dataclasses.replace(SERVE, stream_interval=3)
     _run(_front(engine, [], []), _scope("/v1/completions", verdict), b'{"prompt": "hi"}')
     assert engine.intervals == [3]  # TappedEngine sets it on the request's SamplingParams
+
+
+def test_a_remotely_prefilled_request_carries_the_routers_handoff_not_the_clients() -> None:
+    engine = _Engine(tokens=1)
+    handoff = {"do_remote_prefill": True, "remote_block_ids": [7], "remote_engine_id": "p"}
+    verdict = dataclasses.replace(SERVE, kv_transfer_params=handoff)
+    body = json.dumps({"prompt": "hi", "kv_transfer_params": {"remote_block_ids": [1]}})
+    _run(_front(engine, [], []), _scope("/v1/completions", verdict), body.encode())
+    assert json.loads(engine.seen[0][1])["kv_transfer_params"] == handoff
+    # without a handoff the client's own is dropped (it could read other requests' blocks)
+    engine = _Engine(tokens=1)
+    _run(_front(engine, [], []), _scope("/v1/completions", SERVE), body.encode())
+    assert "kv_transfer_params" not in json.loads(engine.seen[0][1])
 
 
 def test_a_refusal_is_the_routers_error_as_it_is() -> None:

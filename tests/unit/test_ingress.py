@@ -136,6 +136,9 @@ def test_ray_reads_direct_streaming_routing_as_set() -> None:
     assert read["route_bufsize"] == (16 << 20) + (64 << 10)  # the body and its headers fit
     small = _ray_reads(ingress.route_env(True, max_body_bytes=1 << 20))["route_bufsize"]
     assert small == ingress.DEFAULT_ROUTE_BUFSIZE  # never below Serve's own default
+    # disaggregated, the route also waits for decode room, the prefill gate and the prefill
+    disagg = ingress.route_env(True, queue_timeout_s=10, prefill_timeout_s=30.5)
+    assert _ray_reads(disagg)["route_timeout_s"] == 61 + ingress.ROUTE_TIMEOUT_MARGIN_S
     assert ingress.route_env(False) == dict.fromkeys(ingress.ROUTE_VARIABLES)
     default = _ray_reads(ingress.route_env(False))
     assert (default["forward_body"], default["session_header"]) == (False, "x-session-id")

@@ -215,7 +215,9 @@ runs its code and its handles' request router on its main event loop; the nicene
 worker processes, config.ray.worker_niceness (0 unless set; Ray's own default is 15); with
 config.router.direct_ingress, Serve's HAProxy (RAY_SERVE_ENABLE_HA_PROXY; its statistics and
 metrics ports stay Serve's defaults, on the pod's network); with direct_streaming too, the
-ingress request router's settings (splitserve/ingress.py, route_env: the same values).
+ingress request router's settings (splitserve/ingress.py, route_env: the same values; its
+timeout covers the decode gate's queue and, disaggregated, decode room, the prefill gate and the
+remote prefill's deadline).
 */}}
 {{- define "splitserve.rayEnv" -}}
 {{- $env := include "splitserve.env" . | fromJsonArray }}
@@ -228,9 +230,13 @@ ingress request router's settings (splitserve/ingress.py, route_env: the same va
 {{- $env = append $env (dict "name" "RAY_SERVE_ENABLE_HA_PROXY" "value" "1") }}
 {{- end }}
 {{- if and $router.direct_ingress $router.direct_streaming }}
-{{- $queue := dig "tenancy" "queue_timeout_s" 30.0 (.Values.config | default dict) }}
+{{- $queue := float64 (dig "tenancy" "queue_timeout_s" 30.0 (.Values.config | default dict)) }}
+{{- $wait := $queue }}
+{{- if eq (dig "mode" "disaggregated" (.Values.config | default dict)) "disaggregated" }}
+{{- $wait = addf $queue (mulf 2 $queue) (float64 (dig "disaggregation" "prefill_timeout_s" 30.0 (.Values.config | default dict))) }}
+{{- end }}
 {{- $body := int (default 1048576 $router.max_body_bytes) }}
-{{- $env = concat $env (list (dict "name" "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY" "value" "1") (dict "name" "RAY_SERVE_SESSION_ID_HEADER_KEY" "value" "authorization") (dict "name" "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S" "value" (toString (add (int (ceil (float64 $queue))) 5))) (dict "name" "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE" "value" (toString (max 8388608 (add $body 65536))))) }}
+{{- $env = concat $env (list (dict "name" "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY" "value" "1") (dict "name" "RAY_SERVE_SESSION_ID_HEADER_KEY" "value" "authorization") (dict "name" "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S" "value" (toString (add (int (ceil $wait)) 5))) (dict "name" "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE" "value" (toString (max 8388608 (add $body 65536))))) }}
 {{- end }}
 {{- toJson $env }}
 {{- end }}
