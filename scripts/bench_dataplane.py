@@ -318,31 +318,36 @@ def disaggregated_bound(prefill_share: float, prefill_engines: int = 1,
 
 
 def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
-    """Issue #26's goals on `rows` (from `with_ratios`): (statement, met; None: not measured).
+    """Issue #26's goals on `rows` (from `with_ratios`): (statement, met; None: not measured),
+    for each data path measured: the relay path (`colocated`, `disaggregated`) and direct
+    streaming (`colocated-direct`, `disaggregated-direct`, each judged against its own path).
     With the plain server's measured prefill share, the disaggregated goal's statement also
     gives what 1P + 1D can reach at most on this workload (`disaggregated_bound`)."""
     by = {r["server"]: r for r in rows if "error" not in r}
-    colo, disagg = by.get("colocated"), by.get("disaggregated")
     share = by["plain"].get("prefill_share") if "plain" in by else None
+    paths = [p for p in ("", "-direct") if f"colocated{p}" in by] or [""]
     out: list[tuple[str, bool | None]] = []
-    ratio = colo["throughput_ratio"] if colo else None
-    out.append((f"colocated output tok/s >= {GOAL_THROUGHPUT_RATIO}x plain vLLM's "
-                f"(got {_ratio(ratio)}x)",
-                None if ratio is None else ratio >= GOAL_THROUGHPUT_RATIO))
-    ratio = colo["tpot_ratio"] if colo else None
-    out.append((f"colocated TPOT p50 <= {GOAL_TPOT_RATIO}x plain vLLM's (got {_ratio(ratio)}x)",
-                None if ratio is None else ratio <= GOAL_TPOT_RATIO))
-    if colo and disagg:
-        a, b = disagg["output_throughput_per_engine"], colo["output_throughput_per_engine"]
-        bound = ""
-        if share is not None:
-            bound = (f"; 1P + 1D can make at most {disaggregated_bound(share):.2f}x: the engine "
-                     f"spends {share:.0%} of this workload's time on the prompts, measured on "
-                     f"the plain server")
-        out.append((f"disaggregated tok/s per engine >= colocated's ({a:,.0f} vs {b:,.0f}, "
-                    f"{a / b:.2f}x{bound})", a >= b))
-    else:
-        out.append(("disaggregated tok/s per engine >= colocated's (not measured)", None))
+    for path in paths:
+        colo, disagg = by.get(f"colocated{path}"), by.get(f"disaggregated{path}")
+        ratio = colo["throughput_ratio"] if colo else None
+        out.append((f"colocated{path} output tok/s >= {GOAL_THROUGHPUT_RATIO}x plain vLLM's "
+                    f"(got {_ratio(ratio)}x)",
+                    None if ratio is None else ratio >= GOAL_THROUGHPUT_RATIO))
+        ratio = colo["tpot_ratio"] if colo else None
+        out.append((f"colocated{path} TPOT p50 <= {GOAL_TPOT_RATIO}x plain vLLM's "
+                    f"(got {_ratio(ratio)}x)",
+                    None if ratio is None else ratio <= GOAL_TPOT_RATIO))
+        goal = f"disaggregated{path} tok/s per engine >= colocated{path}'s"
+        if colo and disagg:
+            a, b = disagg["output_throughput_per_engine"], colo["output_throughput_per_engine"]
+            bound = ""
+            if share is not None:
+                bound = (f"; 1P + 1D can make at most {disaggregated_bound(share):.2f}x: the "
+                         f"engine spends {share:.0%} of this workload's time on the prompts, "
+                         f"measured on the plain server")
+            out.append((f"{goal} ({a:,.0f} vs {b:,.0f}, {a / b:.2f}x{bound})", a >= b))
+        else:
+            out.append((f"{goal} (not measured)", None))
     return out
 
 

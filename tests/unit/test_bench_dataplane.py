@@ -179,6 +179,27 @@ def test_goals(bench):
     assert "[met] disaggregated tok/s per engine >= colocated's (3,200 vs 3,000, 1.07x)" in text
 
 
+def test_goals_judge_direct_streaming_against_its_own_path(bench):
+    got = bench.with_ratios([
+        bench.summarize("plain", result(3200.0, 9.0)),
+        bench.summarize("colocated-direct", result(2400.0, 12.0)),
+        bench.summarize("disaggregated-direct", result(1600.0, 20.0)),
+        bench.summarize("disaggregated", result(1800.0, 20.0)),  # no relay colocated row
+    ])
+    assert bench.goals(got) == [
+        ("colocated-direct output tok/s >= 0.9x plain vLLM's (got 0.75x)", False),
+        ("colocated-direct TPOT p50 <= 1.2x plain vLLM's (got 1.33x)", False),
+        ("disaggregated-direct tok/s per engine >= colocated-direct's (800 vs 2,400, 0.33x)",
+         False),
+    ]
+    both = bench.with_ratios([*got, bench.summarize("colocated", result(1600.0, 12.0))])
+    assert [t.split(" ")[0] for t, _ in bench.goals(both)] == [
+        "colocated", "colocated", "disaggregated",
+        "colocated-direct", "colocated-direct", "disaggregated-direct"]
+    assert bench.goals(both)[2] == (
+        "disaggregated tok/s per engine >= colocated's (900 vs 1,600, 0.56x)", False)
+
+
 def test_disaggregated_bound_is_the_busier_pools_share_of_every_engines_time(bench):
     # prefill exactly half the work: 1P + 1D each do one half, as fast per engine as colocated
     assert bench.disaggregated_bound(0.5) == pytest.approx(1.0)
