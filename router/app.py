@@ -426,6 +426,9 @@ class Router:
         finally:
             if handoff is not None:  # routed: the replica's own figures count it from now on
                 self.dispatcher.release(handoff.reservation)
+        lease = leases.peek(verdict.ticket) if verdict.ticket else None
+        if lease is not None:
+            lease.replica = replica
         return JSONResponse({"replica_id": replica,
                              "request_headers": {routed.HEADER: verdict.encode()}})
 
@@ -442,6 +445,7 @@ class Router:
         admitted one (`Dispatcher.handoff`: the request its replica's routing reads, its KV
         handoff when it was prefilled remotely). A refusal is a verdict too: HAProxy would turn
         any answer but 200 into its own 503."""
+        obs: RequestObserver | None = None
         try:
             self.stopping.admit()
             limit = self.cfg.router.max_body_bytes
@@ -454,12 +458,28 @@ class Router:
             endpoint = routed.guess_endpoint(payload)
             if endpoint is None:  # not a generation: the replica hands it to the router
                 return Verdict("forward"), None
+            # its metrics and log line, recorded when the replica settles (or refused here)
+            obs = RequestObserver(
+                self.metrics, endpoint, trace_id=trace_id_of(None, headers),
+                log_request=self.cfg.observability.request_log,
+                log_prompt=self.cfg.observability.log_prompts,
+            )
             tenant = self.tenancy.authenticate(headers.get("authorization"))
+            obs.describe(tenant=tenant.name)
             prep = self._prepare(forward.Forwarded(endpoint, payload), tenant)
-            ticket, handoff = await self._lease(tenant, prep)
+            obs.describe(request=prep.request, stream=prep.fwd.stream,
+                         prompt=prep.fwd.prompt_text() if obs.log_prompt else None)
+            ticket, handoff = await self._lease(tenant, prep, obs)
         except APIError as err:
+            if obs is not None:
+                obs.describe(tenant=getattr(err, "tenant", None))
+                obs.answered(err.status, err)
             return Verdict("refuse", status=err.status, error=err.body(),
                            headers=dict(err.headers) or None), None
+        except BaseException as err:  # HAProxy answers 503
+            if obs is not None:
+                obs.answered(503, err)
+            raise
         req = handoff.request
         return Verdict(
             "serve", endpoint=endpoint, request_id=req.request_id, model=prep.model,
@@ -471,12 +491,13 @@ class Router:
             kv_transfer_params=req.kv_transfer_params,
         ), handoff
 
-    async def _lease(self, tenant: Tenant, prep: Prepared) -> tuple[str, Handoff]:
+    async def _lease(self, tenant: Tenant, prep: Prepared,
+                     obs: RequestObserver) -> tuple[str, Handoff]:
         """Admit `prep`'s request as `_generate` would (its adapter's use, the tenant's quota
         reservation, a slot of the decode pool's fair gate, the drain count), dispatch it as
         far as its decode replica (`Dispatcher.handoff`: disaggregated, the decode reservation
-        and the remote prefill) and hold the admission as a lease until the replica settles;
-        returns the lease's ticket and the dispatch."""
+        and the remote prefill) and hold the admission as a lease until the replica settles
+        (then `obs` records the request); returns the lease's ticket and the dispatch."""
         assert self.leases is not None
         req, signals = prep.request, prep.route.dispatcher.signals
         n_prompt = len(req.prompt_token_ids)
@@ -501,6 +522,7 @@ class Router:
         stack.callback(self.metrics.in_flight.dec)
 
         def settled(s: Settlement | None) -> None:
+            obs.settled(s, lease.replica)
             if s is None or not s.generated:
                 return
             if s.first_token_s is not None:
@@ -511,8 +533,9 @@ class Router:
                 signals.finished("decode", s.decode_s, s.output_tokens)
 
         deadline = self.cfg.router.request_timeout_s + direct.SETTLE_GRACE_S
-        return self.leases.add(direct.Lease(
-            stack, usage, ticket, "decode", self.leases.clock() + deadline, settled)), handoff
+        lease = direct.Lease(
+            stack, usage, ticket, "decode", self.leases.clock() + deadline, settled)
+        return self.leases.add(lease), handoff
 
     @app.post("/internal/settle")
     async def internal_settle(self, request: Request) -> Response:

@@ -45,6 +45,7 @@ class Lease:
     pool: str
     expires_at: float  # monotonic
     on_settled: Callable[[Settlement | None], None] = field(default=lambda s: None)
+    replica: str | None = None  # the replica it was routed to, once picked
 
 
 class Leases:
@@ -62,6 +63,10 @@ class Leases:
         key = secrets.token_hex(16)
         self._open[key] = lease
         return key
+
+    def peek(self, key: str) -> Lease | None:
+        """The lease of `key`, still held (None: unknown, or already closed)."""
+        return self._open.get(key)
 
     def take(self, key: str) -> Lease | None:
         """The lease of `key`, no longer held (None: unknown, or already closed)."""

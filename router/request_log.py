@@ -6,6 +6,10 @@
     chunks = obs.stream(chunks)                         counts tokens, first token, gaps
     obs.answered(status, error)                         the handler is done (exactly once)
 
+With direct streaming (router/direct.py) no chunk crosses the router: the request is described
+the same way when HAProxy asks for its route, and `obs.settled(settlement)` (instead of
+`answered`) takes its figures from the replica's settlement when the response has ended.
+
 The request is over when the handler has answered and the chunk stream it wrapped, if any, is
 closed (a streamed response outlives its handler), like the tracing root span
 (router/tracing.py). Then, once: `splitserve_requests_total{outcome}`, the latency and token
@@ -32,6 +36,7 @@ from splitserve.router.request_end import RequestEnd
 
 if TYPE_CHECKING:
     from splitserve.engine.messages import GenerateChunk, GenerateRequest
+    from splitserve.engine.routed import Settlement
     from splitserve.router.metrics import RouterMetrics
 
 log = logging.getLogger("splitserve.requests")
@@ -44,6 +49,9 @@ REQUEST_FIELDS = (
 )
 # The status of a request whose client left before the handler answered (nginx's convention).
 CLIENT_CLOSED = 499
+# A directly served request whose replica never settled it (lost with its replica): what its
+# client got is unknown, so it counts as failed.
+SETTLEMENT_LOST = 502
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -147,6 +155,29 @@ class RequestObserver(RequestEnd):
         if error is not None and self.fields["error"] is None:
             self.fields["error"] = _error_name(error)
         self._release()
+
+    def settled(self, settlement: Settlement | None, replica: str | None = None) -> None:
+        """A directly served request is over (call instead of `answered`): its figures from
+        the `settlement` its replica (`replica`) sent, or, None, from nothing (the replica was
+        lost; `SETTLEMENT_LOST`). The time to first token is the router's: from the route to
+        the settlement, less the replica's decode time. A request the replica handed back to
+        the router (not generated, not refused) is recorded there, not here."""
+        f = self.fields
+        f["replica"] = replica
+        if settlement is None:
+            f["error"] = "settlement_lost"
+            self.answered(SETTLEMENT_LOST)
+            return
+        if not settlement.generated and settlement.status < 400:
+            return
+        f["prompt_tokens"] = settlement.prompt_tokens or f["prompt_tokens"]
+        f["output_tokens"] = settlement.output_tokens
+        f["cached_tokens"] = settlement.cached_tokens
+        f["finish_reason"] = settlement.finish_reason
+        if settlement.first_token_s is not None:
+            f["ttft_s"] = max(0.0, self.clock() - self.start - (settlement.decode_s or 0.0))
+        self._cancelled = settlement.cancelled
+        self.answered(settlement.status)
 
     def _end(self) -> None:
         f = self.fields

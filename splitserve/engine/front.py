@@ -186,6 +186,7 @@ class EngineFront:
                 first_token_s=None if first is None else first - start,
                 decode_s=None if first is None or last is None else last - first, status=status,
                 cancelled=not ended or (status < 400 and tap.finish_reason is None),
+                finish_reason=tap.finish_reason, cached_tokens=tap.num_cached_tokens,
             ))
 
     def _settle_later(self, url: str, settlement: Settlement) -> None:

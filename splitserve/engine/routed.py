@@ -92,7 +92,8 @@ class Settlement:
     refused it before the engine saw it; the router then charges nothing). `first_token_s`:
     from the replica's start of the request to its first output token; `decode_s`: from then
     to the last (None: no token). `status`: the HTTP status the client got; `cancelled`: the
-    client left before the end.
+    client left before the end. `finish_reason` and `cached_tokens` (prompt tokens the engine
+    did not compute) are the engine's, for the router's request log.
     """
 
     ticket: str
@@ -103,6 +104,8 @@ class Settlement:
     decode_s: float | None = None
     status: int = 200
     cancelled: bool = False
+    finish_reason: str | None = None
+    cached_tokens: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -148,8 +148,20 @@ def test_a_client_cannot_forge_the_router_verdict(deployment):
     assert no_key.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_usage_is_settled_by_the_replica(deployment):
-    before = _tokens(deployment, "ann")
+def _served(base: str, tenant: str) -> tuple[float, float]:
+    """The router's `splitserve_requests_total` of `tenant`'s completions that ended ok, and
+    its generated tokens (`splitserve_generation_tokens_total`, every tenant)."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    ok = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith("splitserve_requests_total{") and f'tenant="{tenant}"' in line
+             and 'outcome="ok"' in line and 'endpoint="completions"' in line)
+    tokens = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith("splitserve_generation_tokens_total "))
+    return ok, tokens
+
+
+def test_usage_and_the_routers_metrics_are_settled_by_the_replica(deployment):
+    before, served = _tokens(deployment, "ann"), _served(deployment, "ann")
     out = _client(deployment).completions.create(model=MODEL, prompt="one two three",
                                                  max_tokens=7)
     expected = (before[0] + out.usage.prompt_tokens, before[1] + 7)
@@ -160,6 +172,8 @@ def test_usage_is_settled_by_the_replica(deployment):
             break
         time.sleep(0.5)
     assert after == expected
+    # the request's metrics (and log line) are recorded at the settlement, too
+    assert _served(deployment, "ann") == (served[0] + 1, served[1] + 7)
 
 
 def test_token_quota_holds_with_direct_streaming(deployment):

@@ -21,7 +21,9 @@ from splitserve import top
 from splitserve.config import parse_config
 from splitserve.controller.metrics import ControllerMetrics, action_of
 from splitserve.engine.messages import KV_EXPIRED, KV_TRANSFER_ERROR, WorkerError
+from splitserve.engine.routed import Settlement
 from splitserve.logs import JsonFormatter, TextFormatter
+from splitserve.router import direct
 from splitserve.router.metrics import OUTCOMES
 from splitserve.router.request_log import outcome_of
 from splitserve.router.tenancy import generate_api_key, hash_api_key
@@ -252,6 +254,71 @@ def test_a_recomputed_handoff_is_counted_and_named_in_the_request_log(request_lo
 
     asyncio.run(pulled())
     assert request_log[0].fields["kv_recomputed"] is None
+
+
+def test_directly_served_requests_are_counted_and_logged_when_their_replica_settles(
+        request_log):
+    """Direct streaming: no chunk crosses the router, so the request's metrics and log line
+    come from the route (a refusal) or the replica's settlement (or its absence)."""
+    cfg = _config()
+    cfg = cfg.model_copy(update={"router": cfg.router.model_copy(
+        update={"direct_ingress": True, "direct_streaming": True})})
+    body = json.dumps(completion_body()).encode()
+
+    async def route(router, headers):
+        verdict, handoff = await router._route_verdict(headers, body, "http://127.0.0.1:1")
+        if handoff is not None:
+            router.dispatcher.release(handoff.reservation)
+        return verdict
+
+    async def run():
+        router = build_router(cfg, Pool(PREFILL_OK), Pool([]))
+        router.leases = direct.Leases()
+        before = _samples(await _scrape(router))
+        served = await route(router, _auth(traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01"))
+        assert served.kind == "serve" and request_log == []  # not over until settled
+        lease = router.leases.take(served.ticket)
+        lease.replica = "decode#1"
+        await asyncio.sleep(0.02)  # the response, served by the replica
+        await direct.settle(lease, Settlement(
+            served.ticket, prompt_tokens=300, output_tokens=2, first_token_s=0.005, decode_s=0.01,
+            finish_reason="length", cached_tokens=288))
+        assert (await route(router, {})).status == 401  # refused at the route
+        lost = await route(router, _auth())
+        await direct.settle(router.leases.take(lost.ticket), None)  # its replica never settled
+        assert (await route(router, _auth())).status == 429  # rpm is 2
+        # a request the replica handed back to the router is recorded by the router's relay
+        other = build_router(cfg, Pool(PREFILL_OK), Pool([]))
+        other.leases = direct.Leases()
+        handed_back = await route(other, _auth())
+        await direct.settle(other.leases.take(handed_back.ticket),
+                            Settlement(handed_back.ticket, generated=False))
+        return served, before, _samples(await _scrape(router))
+
+    served, before, after = asyncio.run(run())
+    ok, refused, lost, limited = (r.fields for r in request_log)
+    assert (ok["trace_id"], ok["request_id"], ok["tenant"], ok["replica"]) == (
+        TRACE_ID, served.request_id, "acme", "decode#1")
+    assert (ok["status"], ok["outcome"], ok["finish_reason"], ok["stream"]) == (
+        200, "ok", "length", True)
+    assert (ok["prompt_tokens"], ok["cached_tokens"], ok["output_tokens"]) == (300, 288, 2)
+    assert 0.01 <= ok["ttft_s"] <= ok["e2e_s"] - 0.01  # the router's: the route, less the decode
+    assert (refused["status"], refused["outcome"], refused["tenant"]) == (
+        401, "client_error", "-")
+    assert (lost["status"], lost["outcome"], lost["error"]) == (502, "error", "settlement_lost")
+    assert (limited["status"], limited["outcome"]) == (429, "rate_limited")
+
+    def moved(**labels):
+        return (_value(after, "splitserve_requests_total", **labels)
+                - _value(before, "splitserve_requests_total", **labels))
+
+    assert [moved(outcome=o) for o in ("ok", "client_error", "error", "rate_limited")] == [
+        1, 1, 1, 1]
+    for name, value in (("splitserve_generation_tokens_total", 2),
+                        ("splitserve_prompt_tokens_cached_total", 288),
+                        ("splitserve_time_to_first_token_seconds_count", 1),
+                        ("splitserve_time_per_output_token_seconds_count", 1)):
+        assert _value(after, name) - _value(before, name) == value, name
 
 
 @pytest.mark.parametrize(
