@@ -66,7 +66,7 @@ from splitserve.router.tenancy.admin import AdminAuth
 from splitserve.router.tenancy.quotas import output_allowance
 from splitserve.router.tenancy.report import usage_report
 from splitserve.router.tenancy.service import pool_max_in_flight
-from splitserve.router.tracing import NoopRequestTrace, RequestTrace, Tracing
+from splitserve.router.tracing import NOOP_REQUEST, NoopRequestTrace, RequestTrace, Tracing
 from splitserve.router.usage_board import UsagePublisher, deployment_actor_config
 
 app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)
@@ -445,7 +445,8 @@ class Router:
         admitted one (`Dispatcher.handoff`: the request its replica's routing reads, its KV
         handoff when it was prefilled remotely). A refusal is a verdict too: HAProxy would turn
         any answer but 200 into its own 503."""
-        obs: RequestObserver | None = None
+        obs: RequestObserver | None = None  # set with `trace`
+        trace: RequestTrace | NoopRequestTrace = NOOP_REQUEST
         try:
             self.stopping.admit()
             limit = self.cfg.router.max_body_bytes
@@ -458,27 +459,32 @@ class Router:
             endpoint = routed.guess_endpoint(payload)
             if endpoint is None:  # not a generation: the replica hands it to the router
                 return Verdict("forward"), None
-            # its metrics and log line, recorded when the replica settles (or refused here)
+            # its root span, metrics and log line: ended when the replica settles (or here)
+            trace = self.tracing.request(endpoint, headers, model=self.primary_model())
             obs = RequestObserver(
-                self.metrics, endpoint, trace_id=trace_id_of(None, headers),
+                self.metrics, endpoint, trace_id=trace_id_of(trace.context, headers),
                 log_request=self.cfg.observability.request_log,
                 log_prompt=self.cfg.observability.log_prompts,
             )
             tenant = self.tenancy.authenticate(headers.get("authorization"))
+            trace.describe(tenant=tenant)
             obs.describe(tenant=tenant.name)
             prep = self._prepare(forward.Forwarded(endpoint, payload), tenant)
+            trace.describe(request=prep.request, stream=prep.fwd.stream)
             obs.describe(request=prep.request, stream=prep.fwd.stream,
                          prompt=prep.fwd.prompt_text() if obs.log_prompt else None)
-            ticket, handoff = await self._lease(tenant, prep, obs)
+            ticket, handoff = await self._lease(tenant, prep, obs, trace)
         except APIError as err:
             if obs is not None:
                 obs.describe(tenant=getattr(err, "tenant", None))
-                obs.answered(err.status, err)
+                for end in (trace, obs):
+                    end.answered(err.status, err)
             return Verdict("refuse", status=err.status, error=err.body(),
                            headers=dict(err.headers) or None), None
         except BaseException as err:  # HAProxy answers 503
             if obs is not None:
-                obs.answered(503, err)
+                for end in (trace, obs):
+                    end.answered(503, err)
             raise
         req = handoff.request
         return Verdict(
@@ -491,13 +497,16 @@ class Router:
             kv_transfer_params=req.kv_transfer_params,
         ), handoff
 
-    async def _lease(self, tenant: Tenant, prep: Prepared,
-                     obs: RequestObserver) -> tuple[str, Handoff]:
+    async def _lease(
+        self, tenant: Tenant, prep: Prepared, obs: RequestObserver,
+        trace: RequestTrace | NoopRequestTrace,
+    ) -> tuple[str, Handoff]:
         """Admit `prep`'s request as `_generate` would (its adapter's use, the tenant's quota
         reservation, a slot of the decode pool's fair gate, the drain count), dispatch it as
         far as its decode replica (`Dispatcher.handoff`: disaggregated, the decode reservation
-        and the remote prefill) and hold the admission as a lease until the replica settles
-        (then `obs` records the request); returns the lease's ticket and the dispatch."""
+        and the remote prefill, its spans under `trace`) and hold the admission as a lease until
+        the replica settles (then `trace` and `obs` end); returns the lease's ticket and the
+        dispatch."""
         assert self.leases is not None
         req, signals = prep.request, prep.route.dispatcher.signals
         n_prompt = len(req.prompt_token_ids)
@@ -514,7 +523,7 @@ class Router:
             signals.arrival("decode", n_prompt, req.sampling.max_tokens or 0)
             ticket = await stack.enter_async_context(
                 self.tenancy.admit("decode", tenant, n_prompt))
-            handoff = await prep.route.dispatcher.handoff(req, tenant)
+            handoff = await prep.route.dispatcher.handoff(req, tenant, trace.context)
         except BaseException:
             await stack.aclose()
             raise
@@ -522,6 +531,7 @@ class Router:
         stack.callback(self.metrics.in_flight.dec)
 
         def settled(s: Settlement | None) -> None:
+            trace.settled(s)
             obs.settled(s, lease.replica)
             if s is None or not s.generated:
                 return

@@ -33,6 +33,13 @@ log = logging.getLogger("splitserve.router.direct")
 # A lease outlives its request's deadline by this much before it is taken as lost (the
 # settlement of a request that ended at its deadline is still on its way).
 SETTLE_GRACE_S = 30.0
+# The status a request whose replica never settled it is recorded with (the request log, its
+# span): what its client got is unknown, so it counts as failed.
+SETTLEMENT_LOST = 502
+
+
+class SettlementLost(Exception):
+    """A directly served request's replica never reported its end (lost with the replica)."""
 
 
 @dataclass

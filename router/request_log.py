@@ -31,6 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from splitserve.logs import FIELDS
+from splitserve.router.direct import SETTLEMENT_LOST
 from splitserve.router.tenancy.tenants import UNAUTHENTICATED
 from splitserve.router.request_end import RequestEnd
 
@@ -49,9 +50,6 @@ REQUEST_FIELDS = (
 )
 # The status of a request whose client left before the handler answered (nginx's convention).
 CLIENT_CLOSED = 499
-# A directly served request whose replica never settled it (lost with its replica): what its
-# client got is unknown, so it counts as failed.
-SETTLEMENT_LOST = 502
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 

@@ -68,6 +68,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from splitserve.router.direct import SETTLEMENT_LOST, SettlementLost
 from splitserve.router.request_end import RequestEnd
 
 from splitserve.config import TracingConfig
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
     from splitserve.router.tenancy import Tenancy, Tenant, Ticket
 
     from splitserve.engine.messages import GenerateChunk, GenerateRequest
+    from splitserve.engine.routed import Settlement
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +337,9 @@ class NoopRequestTrace:
     def answered(self, status: int, error: BaseException | None = None) -> None:
         """No-op (see `RequestTrace.answered`)."""
 
+    def settled(self, settlement: Settlement | None) -> None:
+        """No-op (see `RequestTrace.settled`)."""
+
 
 NOOP_REQUEST = NoopRequestTrace()
 
@@ -387,6 +392,20 @@ class RequestTrace(RequestEnd):
             self._status = status
             self._error = error
         self._release()
+
+    def settled(self, settlement: Settlement | None) -> None:
+        """A directly served request is over (router/direct.py; call instead of `answered`):
+        its span ends with the figures of the `settlement` its replica sent, or, None, as
+        failed (`SettlementLost`: the replica never settled it). A request the replica handed
+        back to the router (not generated, not refused) is traced there: its span is dropped."""
+        if settlement is None:
+            self.answered(SETTLEMENT_LOST, SettlementLost("the replica never settled it"))
+            return
+        if not settlement.generated and settlement.status < 400:
+            return
+        self._output_tokens = settlement.output_tokens
+        self._cancelled = settlement.cancelled
+        self.answered(settlement.status)
 
     def _end(self) -> None:
         span = self.span

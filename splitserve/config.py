@@ -334,8 +334,8 @@ class RouterConfig(_Strict):
         "(router/direct.py); no token crosses the router. Needs direct_ingress; one model, for "
         "now. Without the router in the token path "
         "a request is not retried or migrated after it reached its replica, and the router's "
-        "per-request traces and inter-token latency do not cover it (its request log and "
-        "request metrics are recorded when the replica settles it).",
+        "decode span and inter-token latency do not cover it (its root span, request log and "
+        "request metrics end when the replica settles it).",
     )
     max_body_bytes: int = Field(1 << 20, gt=0, description="Larger request bodies get HTTP 413.")
     request_timeout_s: float = Field(

@@ -37,6 +37,10 @@ log = logging.getLogger("splitserve.engine.front")
 
 GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _PREFIX = routed.PREFIX.encode()
+# Request headers the front does not pass to vLLM's app: the length of a body it rewrote, and
+# the request id HAProxy (or a client) sets, which vLLM would prefer to the router's id in the
+# body (the response's `id` and the engine request's, as on the relay path).
+_REWRITTEN = (b"content-length", b"x-request-id")
 
 ToRouter = Callable[[HTTPCall], AsyncIterator[GenerateChunk]]
 Settle = Callable[[str, Settlement], Awaitable[None]]
@@ -146,7 +150,7 @@ class EngineFront:
         """An admitted generation request through vLLM's app, straight to the client."""
         new_body = engine_body(verdict, body)
         headers = [(k, v) for k, v in scope["headers"]
-                   if k.lower() != b"content-length" and not k.lower().startswith(_PREFIX)]
+                   if k.lower() not in _REWRITTEN and not k.lower().startswith(_PREFIX)]
         headers.append((b"content-length", str(len(new_body)).encode()))
         inner = {**scope, "headers": headers}
         inner_receive = vllm_server.body_then(new_body, receive)  # then the client's disconnect

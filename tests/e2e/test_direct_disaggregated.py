@@ -7,12 +7,15 @@ One prefill and one decode engine, each on a core of its own; every prompt of TH
 or more is prefilled remotely; a seeded fault makes some prompts' prefill fail. The real
 `openai` client. Greedy tokens must equal the decode engine's own local prefill, the decode
 engine's connector must have received the KV (or none, for a prompt whose prefill failed and
-fell back to the decode engine), and nothing may be left allocated afterwards.
+fell back to the decode engine), and nothing may be left allocated afterwards. The router
+writes its spans to a file: each request's trace holds its remote prefill and ends when the
+decode replica settles the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
@@ -21,6 +24,8 @@ import pytest
 
 from splitserve.config import FaultsConfig
 from splitserve.engine.faults import prefill_fails
+from splitserve.router import tracing as tr
+from splitserve.router.span_file import read_spans
 from tests.conftest import direct_greedy, pool_stats, pools_at_rest, running_deployment, test_config
 
 pytestmark = pytest.mark.engine
@@ -31,8 +36,16 @@ FAULTS = FaultsConfig(seed=7, prefill_error_rate=0.3)
 
 
 @pytest.fixture(scope="module")
-def deployment():
+def span_file(tmp_path_factory) -> str:
+    """The file the router writes its spans to."""
+    return str(tmp_path_factory.mktemp("trace") / "spans.jsonl")
+
+
+@pytest.fixture(scope="module")
+def deployment(span_file):
     cfg = test_config(**{
+        "tracing.enabled": True,
+        "tracing.file": span_file,
         "mode": "disaggregated",
         "disaggregation.prefill": "remote",  # the remote path, whatever the rule predicts
         "disaggregation.min_remote_prompt_tokens": THRESHOLD,
@@ -122,3 +135,27 @@ def test_concurrent_remote_requests_complete_and_leave_nothing_allocated(deploym
 
     assert asyncio.run(run()) == [24] * len(prompts)
     assert pools_at_rest() == {"prefill": (0, 0.0), "decode": (0, 0.0)}
+
+
+def test_a_request_is_one_trace_from_its_route_to_its_settlement(deployment, client, span_file):
+    (ids,) = _prompts(3, 1, failing=False)
+    since = len(read_spans(span_file))
+    out = client.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0)
+    deadline = time.monotonic() + 30  # the root span ends with the replica's settlement
+    while True:
+        spans = read_spans(span_file)[since:]
+        roots = [s for s in spans if s["parent_id"] is None]
+        if roots or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    (root,) = roots
+    assert root["name"] == "POST /v1/completions"
+    assert root["attributes"][tr.HTTP_STATUS] == 200
+    assert root["attributes"][tr.GENAI_RESPONSE_ID] == out.id
+    assert root["attributes"][tr.GENAI_INPUT_TOKENS] == len(ids)
+    assert root["attributes"][tr.GENAI_OUTPUT_TOKENS] == 5
+    trace = {s["name"]: s for s in spans if s["trace_id"] == root["trace_id"]}
+    assert trace[tr.DISPATCH]["parent_id"] == root["span_id"]
+    assert trace[tr.DISPATCH]["attributes"][tr.PREFILL_PATH] == "remote"
+    assert trace[tr.PREFILL]["parent_id"] == trace[tr.DISPATCH]["span_id"]
+    assert root["end_ns"] >= trace[tr.PREFILL]["end_ns"]

@@ -217,7 +217,9 @@ SERVE = Verdict("serve", endpoint="completions", request_id="rid", model="tiny-a
 def test_an_admitted_request_runs_with_the_routers_fields_and_is_settled() -> None:
     engine, calls, settlements = _Engine(tokens=3), [], []
     body = json.dumps({"model": "alias", "prompt": "hi", "kv_transfer_params": {"x": 1}}).encode()
-    client = _run(_front(engine, calls, settlements), _scope("/v1/completions", SERVE), body)
+    scope = _scope("/v1/completions", SERVE)
+    scope["headers"].append((b"X-Request-Id", b"haproxy-id"))  # vLLM would take it for its id
+    client = _run(_front(engine, calls, settlements), scope, body)
     assert client.status == 200 and client.body == b"xxx"
     scope, sent = engine.seen[0]
     assert json.loads(sent) == forward.call(
@@ -225,6 +227,7 @@ def test_an_admitted_request_runs_with_the_routers_fields_and_is_settled() -> No
         request_id="rid", cache_salt="tenant-salt").json
     names = [k for k, _ in scope["headers"]]
     assert routed.HEADER.encode() not in names  # the router's header stays out of vLLM's view
+    assert b"X-Request-Id" not in names  # the router's request id (in the body) is the one
     assert dict(scope["headers"])[b"content-length"] == str(len(sent)).encode()
     ((url, s),) = settlements
     assert url == "http://r/s" and s.ticket == "tk" and s.generated

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -449,3 +450,45 @@ def test_a_chat_request_span_is_named_for_its_route():
     assert span.attributes[tr.GENAI_OPERATION] == "chat"
     assert span.attributes[tr.HTTP_ROUTE] == "/v1/chat/completions"
     assert span.attributes[tr.HTTP_STATUS] == 200
+
+
+def test_a_directly_served_request_is_one_trace_ending_at_its_settlement():
+    """Direct streaming: the root span starts at HAProxy's route call, the dispatch and the
+    remote prefill are its children, and it ends with the replica's settlement (or as failed
+    when none comes)."""
+    from splitserve.engine.routed import Settlement
+    from splitserve.router import direct
+
+    cfg = config()
+    cfg = cfg.model_copy(update={"router": cfg.router.model_copy(
+        update={"direct_ingress": True, "direct_streaming": True})})
+    body = json.dumps(completion_body()).encode()
+    headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+
+    async def run():
+        exporter = InMemorySpanExporter()
+        router = build_router(cfg, Pool(PREFILL_OK), Pool([]), exporter)
+        router.leases = direct.Leases()
+        served, handoff = await router._route_verdict(headers, body, "http://127.0.0.1:1")
+        router.dispatcher.release(handoff.reservation)
+        assert "POST /v1/completions" not in _by_name(exporter)  # open until settled
+        await direct.settle(router.leases.take(served.ticket), Settlement(
+            served.ticket, output_tokens=2, first_token_s=0.01, decode_s=0.01))
+        lost, handoff = await router._route_verdict(headers, body, "http://127.0.0.1:1")
+        router.dispatcher.release(handoff.reservation)
+        await direct.settle(router.leases.take(lost.ticket), None)
+        return served, _by_name(exporter)
+
+    served, spans = asyncio.run(run())
+    ok, failed = spans["POST /v1/completions"]
+    assert {s.context.trace_id for ss in spans.values() for s in ss} == {int(TRACE_ID, 16)}
+    assert _parent_of(ok) == int(PARENT_ID, 16)
+    dispatch = spans[tr.DISPATCH][0]
+    assert _parent_of(dispatch) == ok.context.span_id
+    assert _parent_of(spans[tr.PREFILL][0]) == dispatch.context.span_id
+    assert ok.attributes[tr.HTTP_STATUS] == 200 and ok.attributes[tr.GENAI_OUTPUT_TOKENS] == 2
+    assert ok.attributes[tr.GENAI_RESPONSE_ID] == "cmpl-" + served.request_id
+    assert ok.status.status_code is StatusCode.UNSET
+    assert failed.attributes[tr.HTTP_STATUS] == 502
+    assert failed.status.status_code is StatusCode.ERROR
+    assert "never settled" in failed.status.description
