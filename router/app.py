@@ -19,7 +19,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -459,13 +459,8 @@ class Router:
             endpoint = routed.guess_endpoint(payload)
             if endpoint is None:  # not a generation: the replica hands it to the router
                 return Verdict("forward"), None
-            # its root span, metrics and log line: ended when the replica settles (or here)
-            trace = self.tracing.request(endpoint, headers, model=self.primary_model())
-            obs = RequestObserver(
-                self.metrics, endpoint, trace_id=trace_id_of(trace.context, headers),
-                log_request=self.cfg.observability.request_log,
-                log_prompt=self.cfg.observability.log_prompts,
-            )
+            # ended when the replica settles the request (or here, for a refusal)
+            trace, obs = self._recorders(endpoint, headers)
             tenant = self.tenancy.authenticate(headers.get("authorization"))
             trace.describe(tenant=tenant)
             obs.describe(tenant=tenant.name)
@@ -583,20 +578,25 @@ class Router:
         """OpenAI chat completions."""
         return await self._serve("chat", request)
 
+    def _recorders(
+        self, endpoint: str, headers: Mapping[str, str]
+    ) -> tuple[RequestTrace | NoopRequestTrace, RequestObserver]:
+        """A request's root span (tracing on; router/tracing.py) and its metrics and log line
+        (router/request_log.py), both recorded once the request is over."""
+        trace = self.tracing.request(endpoint, headers, model=self.primary_model())
+        return trace, RequestObserver(
+            self.metrics, endpoint, trace_id=trace_id_of(trace.context, headers),
+            log_request=self.cfg.observability.request_log,
+            log_prompt=self.cfg.observability.log_prompts,
+        )
+
     async def _serve(self, endpoint: str, request: Request) -> Response:
         self._start_background()
         self.metrics.in_flight.inc()
         status = 500
         error: BaseException | None = None
-        # The request's root span (tracing on): ended when the handler has answered and, for a
-        # stream, the chunk stream is closed (router/tracing.py).
-        trace = self.tracing.request(endpoint, request.headers, model=self.primary_model())
-        # Its metrics and log line: recorded once the response is over, like the root span.
-        obs = RequestObserver(
-            self.metrics, endpoint, trace_id=trace_id_of(trace.context, request.headers),
-            log_request=self.cfg.observability.request_log,
-            log_prompt=self.cfg.observability.log_prompts,
-        )
+        # ended when the handler has answered and, for a stream, the chunk stream is closed
+        trace, obs = self._recorders(endpoint, request.headers)
         try:
             self.stopping.admit()
             with self.stopping.hold():

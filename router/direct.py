@@ -33,13 +33,6 @@ log = logging.getLogger("splitserve.router.direct")
 # A lease outlives its request's deadline by this much before it is taken as lost (the
 # settlement of a request that ended at its deadline is still on its way).
 SETTLE_GRACE_S = 30.0
-# The status a request whose replica never settled it is recorded with (the request log, its
-# span): what its client got is unknown, so it counts as failed.
-SETTLEMENT_LOST = 502
-
-
-class SettlementLost(Exception):
-    """A directly served request's replica never reported its end (lost with the replica)."""
 
 
 @dataclass
@@ -111,9 +104,9 @@ async def close_expired(leases: Leases) -> int:
     """Close the leases nobody settled in time (logged); returns how many."""
     lost = leases.expired()
     for lease in lost:
-        log.warning("direct streaming: no settlement from the %s replica of a request of "
+        log.warning("direct streaming: no settlement from %s replica %s of a request of "
                     "tenant %s before its deadline; closing its admission", lease.pool,
-                    lease.ticket.tenant)
+                    lease.replica or "(not picked)", lease.ticket.tenant)
         await settle(lease, None)
     return len(lost)
 

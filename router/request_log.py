@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from splitserve.logs import FIELDS
-from splitserve.router.direct import SETTLEMENT_LOST
+from splitserve.engine.routed import SETTLEMENT_LOST
 from splitserve.router.tenancy.tenants import UNAUTHENTICATED
 from splitserve.router.request_end import RequestEnd
 
@@ -166,7 +166,7 @@ class RequestObserver(RequestEnd):
             f["error"] = "settlement_lost"
             self.answered(SETTLEMENT_LOST)
             return
-        if not settlement.generated and settlement.status < 400:
+        if settlement.handed_back:
             return
         f["prompt_tokens"] = settlement.prompt_tokens or f["prompt_tokens"]
         f["output_tokens"] = settlement.output_tokens

@@ -68,10 +68,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from splitserve.router.direct import SETTLEMENT_LOST, SettlementLost
 from splitserve.router.request_end import RequestEnd
 
 from splitserve.config import TracingConfig
+from splitserve.engine.routed import SETTLEMENT_LOST, SettlementLost
 
 if TYPE_CHECKING:
     from splitserve.router.tenancy import Tenancy, Tenant, Ticket
@@ -401,7 +401,7 @@ class RequestTrace(RequestEnd):
         if settlement is None:
             self.answered(SETTLEMENT_LOST, SettlementLost("the replica never settled it"))
             return
-        if not settlement.generated and settlement.status < 400:
+        if settlement.handed_back:
             return
         self._output_tokens = settlement.output_tokens
         self._cancelled = settlement.cancelled

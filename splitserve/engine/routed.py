@@ -107,6 +107,12 @@ class Settlement:
     finish_reason: str | None = None
     cached_tokens: int = 0
 
+    @property
+    def handed_back(self) -> bool:
+        """The replica handed the request to the router whole (not generated, not refused):
+        the router's own path answers and records it."""
+        return not self.generated and self.status < 400
+
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
 
@@ -118,6 +124,15 @@ class Settlement:
             raise ValueError("not a settlement")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# The status a request whose replica never settled it (lost with the replica) is recorded
+# with, in its request log line and its span: what its client got is unknown, so it failed.
+SETTLEMENT_LOST = 502
+
+
+class SettlementLost(Exception):
+    """A directly served request's replica never reported its end (lost with the replica)."""
 
 
 def guess_endpoint(payload: Any) -> str | None:
