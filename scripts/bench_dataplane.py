@@ -23,6 +23,11 @@ Servers, started, measured and stopped one after another on this machine (two co
                    remotely (scripts/bench_disagg.py's `disagg` config; --disagg-config names
                    another of its disaggregated configs), max_num_seqs 128 on both pools,
                    direct ingress as `colocated`
+    rayllm         Ray Serve LLM (the installed Ray's `ray.serve.llm`), colocated, one engine
+                   on core 0 with the plain server's engine settings, started by
+                   ../shared/tools/rayllm_serve.py from a side venv that has its two extra
+                   packages (--rayllm-python; see the tool's docstring); not in the default run
+    rayllm-pd      the same, 1 prefill + 1 decode engine over NIXL (Ray's P/D pattern)
 
 splitserve deployments start as scripts/bench_disagg.py starts them (Ray in this process,
 `tests.conftest.running_deployment`, the default config with dotted overrides on a free port);
@@ -87,7 +92,8 @@ MODEL_NAME = "splitserve-tiny"
 SERVERS = ("plain", "colocated", "disaggregated")  # the default run
 # Also available: splitserve colocated behind Serve's Python HTTP proxy instead of direct
 # ingress (`router.direct_ingress: false`), to measure the two side by side in one run.
-EXTRA_SERVERS = ("colocated-proxy", "colocated-direct", "disaggregated-direct")
+EXTRA_SERVERS = ("colocated-proxy", "colocated-direct", "disaggregated-direct", "rayllm",
+                 "rayllm-pd")
 LABELS = {
     "plain": "plain vLLM OpenAI server, engine on 1 core",
     "colocated": "splitserve colocated, 1 engine on 1 core",
@@ -95,9 +101,11 @@ LABELS = {
     "colocated-direct": "splitserve colocated, direct streaming, 1 engine on 1 core",
     "disaggregated": "splitserve disaggregated, 1P + 1D on 2 cores",
     "disaggregated-direct": "splitserve disaggregated, direct streaming, 1P + 1D on 2 cores",
+    "rayllm": "Ray Serve LLM colocated, 1 engine on 1 core",
+    "rayllm-pd": "Ray Serve LLM P/D, 1P + 1D on 2 cores",
 }
 ENGINES = {"plain": 1, "colocated": 1, "colocated-proxy": 1, "colocated-direct": 1,
-           "disaggregated": 2, "disaggregated-direct": 2}
+           "disaggregated": 2, "disaggregated-direct": 2, "rayllm": 1, "rayllm-pd": 2}
 # The plain server's engine settings: those of a splitserve engine (splitserve/engine/args.py).
 PLAIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 MAX_NUM_SEQS = 128
@@ -135,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run the servers this many times, every other round in reverse order "
                    "(OUT/round-K), and report each server's median ratio to the plain server "
                    "of the same round: this machine's speed drifts between runs")
+    p.add_argument("--rayllm-python", default="/tmp/rayllm-venv/bin/python",
+                   help="the side venv's Python that runs Ray Serve LLM (rayllm servers)")
     p.add_argument("--out", default="bench-results/dataplane")
     p.add_argument("--start-timeout-s", type=float, default=600.0,
                    help="how long the plain server may take to answer /health")
@@ -197,6 +207,20 @@ def plain_server_command(model_dir: str, port: int, python: str = sys.executable
         "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS, separators=(",", ":")),
         "--host", "127.0.0.1", "--port", str(port),
     ]
+
+
+RAYLLM_TOOL = ROOT.parent / "shared" / "tools" / "rayllm_serve.py"
+# Ray Serve LLM's engines: the plain server's dtype (its tool's other engine settings are the
+# plain server's already: eager, max_model_len 2048, 128 sequence slots, 1 GiB of KV cache).
+RAYLLM_ENV = {"RAYLLM_DTYPE": "float32"}
+
+
+def rayllm_command(server: str, model_dir: str, port: int, python: str) -> list[str]:
+    """Ray Serve LLM's server command line (`rayllm`: colocated on core 0, as the plain
+    server's engine; `rayllm-pd`: 1P + 1D over NIXL, on cores 0 and 1)."""
+    command = [python, str(RAYLLM_TOOL), model_dir, str(port), "--model-id", MODEL_NAME,
+               "--quiet", "--core", "0"]
+    return command + (["--mode", "disaggregated"] if server == "rayllm-pd" else [])
 
 
 def client_argv(args: argparse.Namespace, base_url: str, model_dir: str,
@@ -630,22 +654,23 @@ def measure(args: argparse.Namespace, server: str, base_url: str, model_dir: str
     return {**summary, "cpu": cpu}
 
 
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Until the plain server answers /health and lists the model (or fail)."""
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float,
+               name: str = "the plain vLLM server") -> None:
+    """Until server `name` answers /health and lists the model (or fail)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the plain vLLM server exited ({proc.returncode}) while starting")
+            raise RuntimeError(f"{name} exited ({proc.returncode}) while starting")
         with contextlib.suppress(httpx.HTTPError):
             if (httpx.get(f"{base_url}/health", timeout=5).status_code == 200
                     and MODEL_NAME in httpx.get(f"{base_url}/v1/models", timeout=5).text):
                 return
         time.sleep(1)
-    raise TimeoutError(f"the plain vLLM server did not answer within {timeout_s:.0f} s")
+    raise TimeoutError(f"{name} did not answer within {timeout_s:.0f} s")
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM the plain server's process group (it and its EngineCore), then SIGKILL."""
+    """SIGTERM a server's process group (it and its engines), then SIGKILL."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -660,28 +685,52 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_plain(args: argparse.Namespace, model_dir: str, out: Path) -> dict[str, Any]:
-    """Start the plain vLLM server, measure it, stop it."""
+def run_process(args: argparse.Namespace, server: str, model_dir: str, out: Path,
+                command: Callable[[int], list[str]], env: dict[str, str],
+                after: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                ) -> dict[str, Any]:
+    """Start a server that is a process of its own (`command` for a free port, `env` added to
+    this one's), measure it, run `after` on its base URL and the measured result (figures
+    added to the result), stop it; its output goes to OUT/<server>/server.log."""
     port = free_port()
-    command = plain_server_command(model_dir, port)
-    env = {**os.environ, **PLAIN_ENV, **args.env}
+    argv = command(port)
+    env = {**env, **args.env}
     out.mkdir(parents=True, exist_ok=True)
     base_url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
     with open(out / "server.log", "wb") as log:
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         try:
-            wait_ready(base_url, proc, args.start_timeout_s)
-            print(f"[plain] ready after {time.perf_counter() - start:.0f} s ({base_url})",
+            wait_ready(base_url, proc, args.start_timeout_s, LABELS[server])
+            print(f"[{server}] ready after {time.perf_counter() - start:.0f} s ({base_url})",
                   flush=True)
-            result = measure(args, "plain", base_url, model_dir, out, str(proc.pid))
-            prefill_s = prefill_pass(args, base_url, model_dir)
+            result = measure(args, server, base_url, model_dir, out, str(proc.pid))
+            if after is not None:
+                result.update(after(base_url, result))
         finally:
             stop(proc)
-    return {**result, "prefill_only_s": prefill_s,
-            "prefill_share": min(prefill_s / result["duration_s"], 0.99),
-            "command": command, "env": {**PLAIN_ENV, **args.env}}
+    return {**result, "command": argv, "env": env}
+
+
+def run_plain(args: argparse.Namespace, model_dir: str, out: Path) -> dict[str, Any]:
+    """Start the plain vLLM server, measure it and its time on the prompts alone, stop it."""
+    def prompts_alone(base_url: str, measured: dict[str, Any]) -> dict[str, Any]:
+        prefill_s = prefill_pass(args, base_url, model_dir)
+        return {"prefill_only_s": prefill_s,
+                "prefill_share": min(prefill_s / measured["duration_s"], 0.99)}
+
+    return run_process(args, "plain", model_dir, out,
+                       lambda port: plain_server_command(model_dir, port), PLAIN_ENV,
+                       after=prompts_alone)
+
+
+def run_rayllm(args: argparse.Namespace, server: str, model_dir: str,
+               out: Path) -> dict[str, Any]:
+    """Start Ray Serve LLM (`rayllm_command`), measure it, stop it."""
+    return run_process(args, server, model_dir, out,
+                       lambda port: rayllm_command(server, model_dir, port, args.rayllm_python),
+                       RAYLLM_ENV)
 
 
 def prefill_pass(args: argparse.Namespace, base_url: str, model_dir: str) -> float:
@@ -718,6 +767,8 @@ def run_all(args: argparse.Namespace, model_dir: str, out: Path,
         try:
             if server == "plain":
                 result = run_plain(args, model_dir, out / server)
+            elif server.startswith("rayllm"):
+                result = run_rayllm(args, server, model_dir, out / server)
             else:
                 result = run_splitserve(args, server, model_dir, out / server)
         # recorded; the next server still runs (`wait_healthy` fails with pytest's exception)

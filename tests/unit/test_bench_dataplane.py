@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 
 import pytest
 from splitserve.config import load_config
@@ -93,6 +95,48 @@ def test_plain_server_has_a_splitserve_engines_settings(bench):
     assert json.loads(flag("--structured-outputs-config")) == STRUCTURED_OUTPUTS
     assert flag("--port") == "8123"
     assert bench.PLAIN_ENV == {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_ray_serve_llm_runs_with_the_plain_servers_engine_settings(bench):
+    cmd = bench.rayllm_command("rayllm", "/models/tiny", 8124, "side-py")
+    assert cmd[:4] == ["side-py", str(bench.RAYLLM_TOOL), "/models/tiny", "8124"]
+    assert cmd[cmd.index("--model-id") + 1] == "splitserve-tiny"
+    assert cmd[cmd.index("--core") + 1] == bench.PLAIN_ENV["VLLM_CPU_OMP_THREADS_BIND"]
+    assert "--mode" not in cmd
+    pd = bench.rayllm_command("rayllm-pd", "/models/tiny", 8124, "side-py")
+    assert pd[pd.index("--mode") + 1] == "disaggregated"
+    assert bench.RAYLLM_ENV == {"RAYLLM_DTYPE": "float32"}
+    assert bench.RAYLLM_TOOL.name == "rayllm_serve.py"
+    args = bench.parse_args(["--servers", "plain,rayllm,rayllm-pd", "--rayllm-python", "x"])
+    assert args.servers == ["plain", "rayllm", "rayllm-pd"] and args.rayllm_python == "x"
+    assert (bench.ENGINES["rayllm"], bench.ENGINES["rayllm-pd"]) == (1, 2)
+
+
+def test_a_server_process_is_measured_then_stopped(bench, monkeypatch, tmp_path):
+    """`run_process` (the plain server, Ray Serve LLM) with a real process standing in for the
+    server: measured once ready, `after` given the measured figures, the process group ended."""
+    started = []
+
+    def measure(args, server, base_url, model_dir, out, server_pid=None):
+        started.append(server_pid)
+        return {"server": server, "duration_s": 5.0}
+
+    monkeypatch.setattr(bench, "wait_ready", lambda *a, **kw: None)
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "prefill_pass", lambda args, base_url, model_dir: 0.5)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    monkeypatch.setattr(bench, "plain_server_command", lambda model_dir, port: sleeper)
+    got = bench.run_plain(bench.parse_args(["--env", "A=1"]), "/m", tmp_path / "plain")
+    assert got["prefill_only_s"] == 0.5 and got["prefill_share"] == pytest.approx(0.1)
+    assert got["command"] == sleeper and got["env"] == {**bench.PLAIN_ENV, "A": "1"}
+    with pytest.raises(ProcessLookupError):  # stopped with its group
+        os.kill(int(started[0]), 0)
+    assert (tmp_path / "plain" / "server.log").exists()
+
+    monkeypatch.setattr(bench, "rayllm_command", lambda server, model_dir, port, python: sleeper)
+    got = bench.run_rayllm(bench.parse_args([]), "rayllm-pd", "/m", tmp_path / "r")
+    assert got["server"] == "rayllm-pd" and got["env"] == bench.RAYLLM_ENV
+    assert "prefill_share" not in got
 
 
 def test_splitserve_servers_are_valid_configs_with_one_engine_per_core(bench):
