@@ -30,6 +30,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from splitserve.config import SplitserveConfig
+from splitserve.deployment_key import deployment_key
 from splitserve.logs import configure_logging
 from splitserve.engine import routed
 from splitserve.engine.messages import GenerateChunk, GenerateRequest, HTTPCall, Sampling
@@ -414,8 +415,9 @@ class Router:
         self._start_background()
         await direct.close_expired(leases)
         server = request.scope["server"]  # where HAProxy reached this replica
+        body = await request.body()
         verdict, handoff = await self._route_verdict(
-            request.headers, await request.body(), f"http://{server[0]}:{server[1]}")
+            request.headers, body, f"http://{server[0]}:{server[1]}")
         try:
             replica = await direct.pick_replica(
                 self.routes[self.primary_model()].pools["decode"],
@@ -429,8 +431,10 @@ class Router:
         lease = leases.peek(verdict.ticket) if verdict.ticket else None
         if lease is not None:
             lease.replica = replica
-        return JSONResponse({"replica_id": replica,
-                             "request_headers": {routed.HEADER: verdict.encode()}})
+        sealed = dataclasses.replace(
+            verdict, replica=replica, expires=time.time() + routed.VERDICT_TTL_S,
+            body_sha256=routed.body_digest(body)).seal(deployment_key())
+        return JSONResponse({"replica_id": replica, "request_headers": {routed.HEADER: sealed}})
 
     async def _unlease(self, ticket: str, status: int) -> None:
         """Close the lease of `ticket` (if any) for a request that will not be generated."""
@@ -547,8 +551,13 @@ class Router:
         """A replica's `Settlement` of a request it answered: 204, or 404 for a ticket that
         is not open (settled already, or expired)."""
         leases = self._direct_only()
+        body = await request.body()
+        if not routed.settlement_signed(deployment_key(), body,
+                                        request.headers.get(routed.SETTLEMENT_MAC)):
+            raise APIError(403, "Not a settlement from a replica of this deployment.",
+                           code="forbidden")
         try:
-            settlement = Settlement.from_json(await request.body())
+            settlement = Settlement.from_json(body)
         except (ValueError, TypeError):
             raise bad_request("not a settlement") from None
         lease = leases.take(settlement.ticket)

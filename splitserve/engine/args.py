@@ -91,6 +91,8 @@ class EngineSpec:
     kv_tier: Literal["none", "cpu", "disk"] = "none"
     kv_tier_gib: float | None = None
     kv_tier_path: str | None = None
+    # the router's body limit, which the replica's own HTTP front (direct streaming) applies
+    max_body_bytes: int = 1 << 20
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
@@ -155,6 +157,7 @@ def engine_spec(
         kv_tier=cfg.kv_tier.medium,
         kv_tier_gib=cfg.kv_tier.size_gib,
         kv_tier_path=cfg.kv_tier.path,
+        max_body_bytes=cfg.router.max_body_bytes,
     )
 
 

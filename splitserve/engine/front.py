@@ -12,6 +12,10 @@ has asked the router first and set its `Verdict` header (`engine/routed.py`):
   response straight to the client (no Ray object, no router, no frame per chunk), and then
   settles with the router: the tokens used (read from the engine's outputs, `RequestTap`), the
   first token's and the last one's times (the controller's TTFT and TPOT signals).
+Every verdict is sealed by the router (`Verdict.seal`): a header the router did not seal for
+this replica, an expired one, or a "serve" verdict seen before (its ticket) or for another body
+(its SHA-256) gets 403 before the body is read or the engine sees anything; a body over the
+router's limit (`router.max_body_bytes`) gets 413, from its Content-Length before it is read.
 - "refuse": the router's OpenAI error, returned as it is (vLLM never sees the request).
 - "forward", or no verdict (a GET, which HAProxy does not route through the router): the
   request goes whole to the router deployment (`Router.http`, a Ray call) and its answer back.
@@ -30,7 +34,7 @@ from typing import Any
 
 from splitserve.engine import routed, vllm_server
 from splitserve.engine.messages import GenerateChunk, HTTPCall
-from splitserve.engine.routed import Settlement, Verdict, VerdictError
+from splitserve.engine.routed import ForgedVerdict, Settlement, Verdict, VerdictError
 from splitserve.router import forward
 
 log = logging.getLogger("splitserve.engine.front")
@@ -60,16 +64,40 @@ async def _respond(send: Any, status: int, body: bytes,
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _read_body(receive: Any) -> bytes:
+class BodyTooLarge(Exception):
+    """A request body over the limit."""
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    raw = next((v for k, v in headers if k.lower() == b"content-length"), None)
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
+
+
+async def _read_body(receive: Any, limit: int) -> bytes:
+    """The request body; `BodyTooLarge` as soon as it passes `limit` bytes."""
     parts = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
-        parts.append(message.get("body", b""))
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(part)
         if not message.get("more_body", False):
             break
     return b"".join(parts)
+
+
+async def _forbidden(send: Any) -> None:
+    await _respond(send, 403, _error_body(
+        "This request did not come through the router of this deployment.",
+        "invalid_request_error", "forbidden"))
 
 
 async def _lifespan(receive: Any, send: Any) -> None:
@@ -82,10 +110,12 @@ async def _lifespan(receive: Any, send: Any) -> None:
             return
 
 
-def verdict_of(headers: list[tuple[bytes, bytes]]) -> Verdict | None:
-    """The router's verdict among a request's headers (None: none was set)."""
+def verdict_of(headers: list[tuple[bytes, bytes]], key: bytes, *, replica: str,
+               now: float) -> Verdict | None:
+    """The router's sealed verdict among a request's headers, opened for `replica` at `now`
+    (None: none was set); `ForgedVerdict` / `VerdictError` as `Verdict.open`."""
     raw = next((v for k, v in headers if k.lower() == routed.HEADER.encode()), None)
-    return None if raw is None else Verdict.decode(raw)
+    return None if raw is None else Verdict.open(raw, key, replica=replica, now=now)
 
 
 def engine_body(verdict: Verdict, body: bytes) -> bytes:
@@ -103,14 +133,33 @@ class EngineFront:
     """The ASGI app of a decode replica that answers clients itself (see the module doc).
 
     `app`: vLLM's OpenAI app over the replica's engine; `to_router`: a request handed to the
-    router whole (`Router.http`); `settle`: posts a `Settlement` to a router URL.
+    router whole (`Router.http`); `settle`: posts a `Settlement` to a router URL; `key`: the
+    deployment's key the router seals verdicts with; `replica`: this replica's full id (the
+    one verdicts for it name); `max_body_bytes`: the router's body limit; `clock`: Unix time.
     """
 
-    def __init__(self, app: Any, to_router: ToRouter, settle: Settle) -> None:
+    def __init__(self, app: Any, to_router: ToRouter, settle: Settle, *, key: bytes,
+                 replica: str, max_body_bytes: int,
+                 clock: Callable[[], float] = time.time) -> None:
         self.app = app
         self.to_router = to_router
         self.settle = settle
+        self.key = key
+        self.replica = replica
+        self.max_body_bytes = max_body_bytes
+        self.clock = clock
         self._settling: set[asyncio.Task] = set()
+        self._used: dict[str, float] = {}  # tickets of "serve" verdicts taken, to their expiry
+
+    def _first_use(self, verdict: Verdict, now: float) -> bool:
+        """Record `verdict`'s ticket as used; False when it was already (a replay). Tickets
+        are forgotten once their verdict expired (it is refused then anyway)."""
+        for ticket in [t for t, expires in self._used.items() if expires <= now]:
+            del self._used[ticket]
+        if verdict.ticket in self._used:
+            return False
+        self._used[verdict.ticket] = verdict.expires
+        return True
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -123,20 +172,48 @@ class EngineFront:
             await _respond(send, 404, _error_body("Not found.", "invalid_request_error",
                                                   "not_found"))
             return
+        now = self.clock()
         try:
-            verdict = verdict_of(scope["headers"])
+            verdict = verdict_of(scope["headers"], self.key, replica=self.replica, now=now)
+        except ForgedVerdict as err:
+            log.warning("front: refused %s %s: %s", scope.get("method"), path, err)
+            await _forbidden(send)
+            return
         except VerdictError as err:
             log.error("front: %s", err)
             await _respond(send, 500, _error_body("The router's verdict is unreadable.",
                                                   "server_error"))
             return
-        body = await _read_body(receive)
+        if verdict is not None and verdict.kind == "refuse":  # the body is not needed
+            await _respond(send, verdict.status, json.dumps(verdict.error).encode(),
+                           verdict.headers)
+            return
+        if verdict is not None and verdict.kind == "serve" and not self._first_use(verdict, now):
+            log.warning("front: refused a verdict used before (%s %s)", scope.get("method"), path)
+            await _forbidden(send)
+            return
+        try:
+            length = _content_length(scope["headers"])
+            if length is not None and length > self.max_body_bytes:
+                raise BodyTooLarge
+            body = await _read_body(receive, self.max_body_bytes)
+        except BodyTooLarge:
+            if verdict is not None and verdict.kind == "serve":
+                self._settle_later(verdict.settle_url,
+                                   Settlement(verdict.ticket, generated=False, status=413))
+            await _respond(send, 413, _error_body(
+                f"Request body is larger than {self.max_body_bytes} bytes.",
+                "invalid_request_error", "request_too_large"))
+            return
         if verdict is None or verdict.kind == "forward":
             await self._forward(scope, body, send)
             return
-        if verdict.kind == "refuse":
-            await _respond(send, verdict.status, json.dumps(verdict.error).encode(),
-                           verdict.headers)
+        if routed.body_digest(body) != verdict.body_sha256:
+            log.warning("front: refused a verdict for another body (%s %s)",
+                        scope.get("method"), path)
+            self._settle_later(verdict.settle_url,
+                               Settlement(verdict.ticket, generated=False, status=403))
+            await _forbidden(send)
             return
         if scope.get("method") != "POST" or GENERATION_PATHS.get(path) != verdict.endpoint:
             # admitted as a generation, but its path says otherwise (`/tokenize` has a prompt)
@@ -237,7 +314,8 @@ class SettlementPoster:
 
     ATTEMPTS = 2
 
-    def __init__(self, timeout_s: float = 10.0) -> None:
+    def __init__(self, key: bytes, timeout_s: float = 10.0) -> None:
+        self.key = key
         self.timeout_s = timeout_s
         self._session: Any = None
 
@@ -247,11 +325,12 @@ class SettlementPoster:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        body = settlement.to_json()
+        headers = {"content-type": "application/json",
+                   routed.SETTLEMENT_MAC: routed.settlement_mac(self.key, body)}
         for attempt in range(1, self.ATTEMPTS + 1):
             try:
-                async with self._session.post(
-                    url, data=settlement.to_json(), headers={"content-type": "application/json"}
-                ) as resp:
+                async with self._session.post(url, data=body, headers=headers) as resp:
                     if resp.status not in (204, 404):
                         log.warning("front: settlement refused by %s: %d", url, resp.status)
                     return

@@ -216,12 +216,16 @@ class EngineHost:
         `engine/front.py`): the replica's front over vLLM's server, handing what the router
         answers to the router deployment of the same application."""
         from splitserve.app import ROUTER_DEPLOYMENT
+        from splitserve.deployment_key import deployment_key
         from splitserve.engine.front import EngineFront, SettlementPoster
 
-        router = serve.get_deployment_handle(
-            ROUTER_DEPLOYMENT, serve.get_replica_context().app_name).options(stream=True)
+        ctx = serve.get_replica_context()
+        router = serve.get_deployment_handle(ROUTER_DEPLOYMENT, ctx.app_name).options(stream=True)
+        key = deployment_key()
         return EngineFront(await self._openai_app(), lambda call: router.http.remote(call),
-                           SettlementPoster())
+                           SettlementPoster(key), key=key,
+                           replica=ctx.replica_id.to_full_id_str(),
+                           max_body_bytes=self.spec.max_body_bytes)
 
     async def _stream_server(self) -> StreamServer:
         """This replica's stream server (started once, on first use)."""

@@ -10,6 +10,14 @@ forge them. The router's headers carry one value (`HEADER`): a `Verdict`, URL-sa
 its JSON (HAProxy's Lua reads the router's answer with a pattern that allows no quotes in a
 value).
 
+A verdict is sealed: `seal` appends an HMAC-SHA256 under the deployment's key
+(`splitserve/deployment_key.py`) over its JSON, which names the replica it is for, its expiry
+and the SHA-256 of the body the router admitted, so a replica port reached by anything else
+than HAProxy (a pod of the release, the node network) cannot be handed a verdict the router
+did not write, one for another replica, an old one, or one for another body; the replica
+accepts a "serve" verdict once (`Verdict.ticket`). Settlements carry a MAC under the same key
+(`SETTLEMENT_MAC`).
+
 When the replica is done with a request it reports a `Settlement` to the router replica that
 admitted it (`Verdict.settle_url`): the tokens used, for the tenant's quota and usage, and the
 latencies the controller's signals need. Pure data and codecs: no Ray, no network.
@@ -19,6 +27,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
@@ -30,9 +40,42 @@ HEADER = PREFIX + "splitserve"
 
 Kind = Literal["serve", "refuse", "forward"]
 
+# How long a verdict is good after the router sealed it. HAProxy sends the request on to the
+# replica as soon as the router answers, so this only has to cover the clocks of two nodes
+# (NTP keeps them within milliseconds) and a busy event loop, not a queue; it bounds how long a
+# captured verdict could be tried on its replica at all.
+VERDICT_TTL_S = 30.0
+# The header a settlement's MAC travels in (the replica's POST to the router).
+SETTLEMENT_MAC = "x-splitserve-mac"
+
+
+def _mac(key: bytes, domain: bytes, data: bytes) -> str:
+    digest = hmac.new(key, domain + b"\0" + data, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def body_digest(body: bytes) -> str:
+    """The SHA-256 of a request body, as a verdict names it."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def settlement_mac(key: bytes, body: bytes) -> str:
+    """The MAC of a settlement's JSON body under the deployment's key."""
+    return _mac(key, b"settlement", body)
+
+
+def settlement_signed(key: bytes, body: bytes, mac: str | None) -> bool:
+    """Whether `mac` is the MAC of `body` under `key` (constant time)."""
+    return mac is not None and hmac.compare_digest(settlement_mac(key, body), mac)
+
 
 class VerdictError(ValueError):
     """A verdict header that cannot be read (not from this router version)."""
+
+
+class ForgedVerdict(VerdictError):
+    """A verdict header the router of this deployment did not seal, or not for this use: a
+    wrong MAC, expired, or for another replica."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +107,11 @@ class Verdict:
     # the KV handoff of a request prefilled on the prefill pool (vLLM's `kv_transfer_params`
     # for the decode engine's pull); None: the decode engine prefills it
     kv_transfer_params: dict[str, Any] | None = None
+    # set when sealed: the full id of the replica it is for, when it expires (Unix time) and
+    # the SHA-256 of the body the router read
+    replica: str = ""
+    expires: float = 0.0
+    body_sha256: str = ""
 
     def encode(self) -> str:
         """The header value: URL-safe base64 of the JSON of the fields that are set."""
@@ -82,6 +130,27 @@ class Verdict:
         if not isinstance(data, dict) or data.get("kind") not in ("serve", "refuse", "forward"):
             raise VerdictError("unreadable verdict: no kind")
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def seal(self, key: bytes) -> str:
+        """The header value, sealed: `encode()`, a dot, and its MAC under `key`."""
+        payload = self.encode()
+        return f"{payload}.{_mac(key, b'verdict', payload.encode())}"
+
+    @classmethod
+    def open(cls, value: str | bytes, key: bytes, *, replica: str, now: float) -> Verdict:
+        """The verdict of a sealed header value, checked for replica `replica` at time `now`:
+        `ForgedVerdict` when its MAC is not the router's, it is past its expiry or it names
+        another replica; `VerdictError` when the router's seal holds but it cannot be read."""
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        payload, _, mac = text.rpartition(".")
+        if not payload or not hmac.compare_digest(_mac(key, b"verdict", payload.encode()), mac):
+            raise ForgedVerdict("a verdict not sealed by this deployment's router")
+        verdict = cls.decode(payload)
+        if verdict.expires <= now:
+            raise ForgedVerdict("an expired verdict")
+        if verdict.replica != replica:
+            raise ForgedVerdict(f"a verdict for another replica ({verdict.replica!r})")
+        return verdict
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,57 @@ def test_a_client_cannot_forge_the_router_verdict(deployment):
     assert no_key.json()["error"]["code"] == "invalid_api_key"
 
 
+def _replica_ports() -> list[int]:
+    """The direct-ingress HTTP ports the decode replicas listen on here (Serve's range from
+    RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT): what a pod of the release could reach."""
+    from ray.serve._private import constants
+
+    ports = []
+    for port in range(constants.RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
+                      constants.RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT + 16):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                ports.append(port)
+        except httpx.HTTPError:
+            continue
+    return ports
+
+
+def test_a_replica_port_refuses_what_the_router_did_not_seal(deployment):
+    """A pod that reaches a replica's own port, past HAProxy: on the decode replica's, an
+    unsealed or wrongly sealed `serve` verdict with no key gets 403 (the router replica's port,
+    which runs the router's app, 401); an oversized body with no key gets 413 from its
+    Content-Length; a request with no verdict still has to carry a key; nothing generated."""
+    ports = _replica_ports()
+    forbidden = set()
+    before = _served(deployment, "ann")[1]
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
+    raw = json.dumps(body).encode()
+    serve = routed.Verdict("serve", endpoint="completions", model=MODEL, request_id="forged",
+                           ticket="t", settle_url=f"{deployment}/x", max_tokens=3,
+                           expires=time.time() + 30, body_sha256=routed.body_digest(raw))
+    for port in ports:
+        base = f"http://127.0.0.1:{port}"
+        for header in (serve.encode(), serve.seal(b"not the deployment's key " * 2)):
+            r = httpx.post(f"{base}/v1/completions", content=raw, timeout=60,
+                           headers={routed.HEADER: header, "content-type": "application/json"})
+            assert r.status_code in (401, 403), r.text
+            if r.status_code == 403:
+                assert r.json()["error"]["code"] == "forbidden"
+                forbidden.add(port)
+        big = httpx.post(f"{base}/v1/completions", content=b"x" * (2 << 20), timeout=60,
+                         headers={"content-type": "application/json"})
+        if port in forbidden:  # the decode replica's front (the router's app asks for a key)
+            assert big.status_code == 413, big.text
+            assert big.json()["error"]["code"] == "request_too_large"
+        else:
+            assert big.status_code in (401, 413), big.text
+        no_key = httpx.post(f"{base}/v1/completions", json=body, timeout=60)  # no verdict
+        assert no_key.status_code == 401
+    assert forbidden, f"no decode replica among the replica ports {ports}"
+    assert _served(deployment, "ann")[1] == before  # nothing generated
+
+
 def _served(base: str, tenant: str) -> tuple[float, float]:
     """The router's `splitserve_requests_total` of `tenant`'s completions that ended ok, and
     its generated tokens (`splitserve_generation_tokens_total`, every tenant)."""

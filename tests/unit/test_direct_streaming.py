@@ -148,12 +148,23 @@ class _Client:
         return b"".join(m.get("body", b"") for m in self.messages[1:])
 
 
+KEY = b"k" * 32  # the deployment's key in these tests
+REPLICA = "app#decode#r1"  # the front's replica
+NOW = 1_000_000.0  # the front's clock
+
+
+def _seal(verdict: Verdict, body: bytes, *, key: bytes = KEY, replica: str = REPLICA,
+          expires: float = NOW + routed.VERDICT_TTL_S) -> bytes:
+    """`verdict` sealed as the router seals it for `replica` and `body`."""
+    return dataclasses.replace(verdict, replica=replica, expires=expires,
+                               body_sha256=routed.body_digest(body)).seal(key).encode()
+
+
 def _scope(path: str, verdict: Verdict | None = None, method: str = "POST") -> dict[str, Any]:
+    """A request's scope; `_run` seals `verdict` for the body it sends."""
     headers = [(b"authorization", b"Bearer k"), (b"content-length", b"99")]
-    if verdict is not None:
-        headers.append((routed.HEADER.encode(), verdict.encode().encode()))
     return {"type": "http", "method": method, "path": path, "headers": headers,
-            "query_string": b""}
+            "query_string": b"", "_verdict": verdict}
 
 
 def _receive(body: bytes):
@@ -196,11 +207,15 @@ def _front(engine: Any, routed_calls: list[HTTPCall], settlements: list[tuple[st
     async def settle(url: str, s: Settlement) -> None:
         settlements.append((url, s))
 
-    return front.EngineFront(engine, to_router, settle)
+    return front.EngineFront(engine, to_router, settle, key=KEY, replica=REPLICA,
+                             max_body_bytes=1 << 20, clock=lambda: NOW)
 
 
 def _run(app: front.EngineFront, scope: dict[str, Any], body: bytes = b"") -> _Client:
     client = _Client()
+    verdict = scope.pop("_verdict", None)
+    if verdict is not None:
+        scope["headers"].append((routed.HEADER.encode(), _seal(verdict, body)))
 
     async def go() -> None:
         await app(scope, _receive(body), client.send)
@@ -291,10 +306,85 @@ def test_router_paths_are_not_served_and_a_bad_verdict_is_a_server_error() -> No
     engine, calls, settlements = _Engine(), [], []
     app = _front(engine, calls, settlements)
     assert _run(app, _scope("/internal/route", Verdict("forward"))).status == 404
+    payload = b"garbage!"  # sealed, but not a verdict
     bad = _scope("/v1/completions")
-    bad["headers"].append((routed.HEADER.encode(), b"garbage!"))
+    bad["headers"].append((routed.HEADER.encode(),
+                           f"{payload.decode()}.{routed._mac(KEY, b'verdict', payload)}".encode()))
     assert _run(app, bad).status == 500
     assert not engine.seen and not calls
+
+
+BODY = b'{"prompt": "hi"}'
+
+
+@pytest.mark.parametrize("header", [
+    SERVE.encode().encode(),  # unsealed (what the router wrote before verdicts were sealed)
+    _seal(SERVE, BODY, key=b"x" * 32),  # sealed under another key
+    _seal(SERVE, BODY, expires=NOW),  # expired
+    _seal(SERVE, BODY, replica="app#decode#r2"),  # for another replica
+    _seal(SERVE, BODY)[:-2] + b"AA",  # a MAC changed
+    _seal(dataclasses.replace(SERVE, max_tokens=None), BODY).replace(b".", b"x.", 1),
+])
+def test_a_verdict_the_router_did_not_seal_for_this_replica_is_refused_unread(
+        header: bytes) -> None:
+    engine, calls, settlements = _Engine(), [], []
+    scope = _scope("/v1/completions")
+    scope["headers"].append((routed.HEADER.encode(), header))
+    received: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        received.append("read")
+        return {"type": "http.request", "body": BODY, "more_body": False}
+
+    client = _Client()
+    asyncio.run(_front(engine, calls, settlements)(scope, receive, client.send))
+    assert client.status == 403 and json.loads(client.body)["error"]["code"] == "forbidden"
+    assert not received and not engine.seen and not calls and not settlements
+
+
+def test_a_verdict_is_served_once_and_only_for_its_body() -> None:
+    engine, calls, settlements = _Engine(tokens=1), [], []
+    app = _front(engine, calls, settlements)
+    sealed = _seal(SERVE, BODY)
+
+    def send(body: bytes) -> _Client:
+        scope = _scope("/v1/completions")
+        scope["headers"].append((routed.HEADER.encode(), sealed))
+        return _run(app, scope, body)
+
+    assert send(b'{"prompt": "other", "max_tokens": 9999}').status == 403  # another body
+    assert settlements[-1][1] == Settlement("tk", generated=False, status=403)
+    assert not engine.seen
+    app._used.clear()  # as if the body check had come first: the genuine body is served
+    assert send(BODY).status == 200 and len(engine.seen) == 1
+    assert send(BODY).status == 403  # a replay
+    assert len(engine.seen) == 1 and not calls
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
+    engine, calls, settlements = _Engine(), [], []
+    app = front.EngineFront(engine, _front(engine, calls, settlements).to_router,
+                            _front(engine, calls, settlements).settle, key=KEY,
+                            replica=REPLICA, max_body_bytes=8, clock=lambda: NOW)
+    for verdict in (None, SERVE):  # no verdict (Serve's fallback proxy) or an admitted one
+        scope = _scope("/v1/completions", verdict)
+        client = _run(app, scope, BODY)  # Content-Length 99 > 8
+        assert client.status == 413
+        assert json.loads(client.body)["error"]["code"] == "request_too_large"
+    scope = _scope("/v1/completions")
+    scope["headers"] = [(b"authorization", b"Bearer k")]  # no Content-Length: read, then cut
+    assert _run(app, scope, BODY).status == 413
+    assert not engine.seen and not calls
+    assert [s for _, s in settlements] == [Settlement("tk", generated=False, status=413)]
+
+
+def test_a_settlements_mac_is_checked() -> None:
+    body = Settlement("tk", output_tokens=3).to_json()
+    mac = routed.settlement_mac(KEY, body)
+    assert routed.settlement_signed(KEY, body, mac)
+    assert not routed.settlement_signed(KEY, body.replace(b"3", b"0"), mac)
+    assert not routed.settlement_signed(b"x" * 32, body, mac)
+    assert not routed.settlement_signed(KEY, body, None)
 
 
 def test_the_router_not_answering_is_a_503() -> None:
@@ -305,5 +395,7 @@ def test_the_router_not_answering_is_a_503() -> None:
     async def settle(url: str, s: Settlement) -> None:
         pass
 
-    client = _run(front.EngineFront(_Engine(), to_router, settle), _scope("/health", None, "GET"))
+    app = front.EngineFront(_Engine(), to_router, settle, key=KEY, replica=REPLICA,
+                            max_body_bytes=1 << 20, clock=lambda: NOW)
+    client = _run(app, _scope("/health", None, "GET"))
     assert client.status == 503 and client.headers["retry-after"] == "1"
