@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from splitserve.config import FaultsConfig, SplitserveConfig
+from splitserve.config import FaultsConfig, RouterConfig, SplitserveConfig
 from splitserve.engine.vllm_plugin import FORK_WORKERS_ENV, MQ_WAIT_ENV
 
 Role = Literal["prefill", "decode"]
@@ -92,7 +92,7 @@ class EngineSpec:
     kv_tier_gib: float | None = None
     kv_tier_path: str | None = None
     # the router's body limit, which the replica's own HTTP front (direct streaming) applies
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = RouterConfig.model_fields["max_body_bytes"].default
     # tests only: injected faults (all off by default)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 

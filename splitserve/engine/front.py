@@ -29,6 +29,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -68,16 +69,12 @@ class BodyTooLarge(Exception):
     """A request body over the limit."""
 
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    raw = next((v for k, v in headers if k.lower() == b"content-length"), None)
-    try:
-        return None if raw is None else int(raw)
-    except ValueError:
-        return None
-
-
-async def _read_body(receive: Any, limit: int) -> bytes:
-    """The request body; `BodyTooLarge` as soon as it passes `limit` bytes."""
+async def _read_body(headers: list[tuple[bytes, bytes]], receive: Any, limit: int) -> bytes:
+    """The request body; `BodyTooLarge` unread when its Content-Length is over `limit`, or as
+    soon as what is read passes it."""
+    length = next((v for k, v in headers if k.lower() == b"content-length"), b"")
+    if length.isdigit() and int(length) > limit:
+        raise BodyTooLarge
     parts = []
     size = 0
     while True:
@@ -149,13 +146,16 @@ class EngineFront:
         self.max_body_bytes = max_body_bytes
         self.clock = clock
         self._settling: set[asyncio.Task] = set()
-        self._used: dict[str, float] = {}  # tickets of "serve" verdicts taken, to their expiry
+        # tickets of "serve" verdicts taken, to their expiry, in the order they came
+        self._used: OrderedDict[str, float] = OrderedDict()
 
     def _first_use(self, verdict: Verdict, now: float) -> bool:
         """Record `verdict`'s ticket as used; False when it was already (a replay). Tickets
-        are forgotten once their verdict expired (it is refused then anyway)."""
-        for ticket in [t for t, expires in self._used.items() if expires <= now]:
-            del self._used[ticket]
+        are forgotten once their verdict expired (it is refused then anyway), oldest first:
+        amortised O(1) per request (arrival order is expiry order up to the routers' clocks,
+        and a ticket kept a little longer is still safe)."""
+        while self._used and next(iter(self._used.values())) <= now:
+            self._used.popitem(last=False)
         if verdict.ticket in self._used:
             return False
         self._used[verdict.ticket] = verdict.expires
@@ -193,10 +193,7 @@ class EngineFront:
             await _forbidden(send)
             return
         try:
-            length = _content_length(scope["headers"])
-            if length is not None and length > self.max_body_bytes:
-                raise BodyTooLarge
-            body = await _read_body(receive, self.max_body_bytes)
+            body = await _read_body(scope["headers"], receive, self.max_body_bytes)
         except BodyTooLarge:
             if verdict is not None and verdict.kind == "serve":
                 self._settle_later(verdict.settle_url,

@@ -344,20 +344,20 @@ def test_a_verdict_the_router_did_not_seal_for_this_replica_is_refused_unread(
 
 def test_a_verdict_is_served_once_and_only_for_its_body() -> None:
     engine, calls, settlements = _Engine(tokens=1), [], []
-    app = _front(engine, calls, settlements)
     sealed = _seal(SERVE, BODY)
 
-    def send(body: bytes) -> _Client:
+    def send(app: front.EngineFront, body: bytes) -> _Client:
         scope = _scope("/v1/completions")
         scope["headers"].append((routed.HEADER.encode(), sealed))
         return _run(app, scope, body)
 
-    assert send(b'{"prompt": "other", "max_tokens": 9999}').status == 403  # another body
+    other = b'{"prompt": "other", "max_tokens": 9999}'
+    assert send(_front(engine, calls, settlements), other).status == 403  # another body
     assert settlements[-1][1] == Settlement("tk", generated=False, status=403)
     assert not engine.seen
-    app._used.clear()  # as if the body check had come first: the genuine body is served
-    assert send(BODY).status == 200 and len(engine.seen) == 1
-    assert send(BODY).status == 403  # a replay
+    app = _front(engine, calls, settlements)  # a replica that has not seen it: served
+    assert send(app, BODY).status == 200 and len(engine.seen) == 1
+    assert send(app, BODY).status == 403  # a replay
     assert len(engine.seen) == 1 and not calls
 
 
